@@ -1,0 +1,69 @@
+"""The contract every dataset kind implements.
+
+A pipeline says how raw rows are read, what features the stored `tf.train.Example`s have
+(the schema, saved in the dataset's manifest), how one row is encoded, and how a *batch* of
+parsed features is decoded into `(inputs, label)` for training. The converter (`tftrain
+convert`) calls `prepare`, `read`, `features` and `encode`; the reader (`tftrain.data.load`)
+calls `decode`. Nothing here imports TensorFlow at module level, so a pipeline can be listed
+and configured without starting it.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Iterator
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One raw row: a key that identifies it in its source, its value, and its source split.
+
+    `key` must be stable (a file path relative to the source, a line number, an index): split
+    assignment and shard placement are derived from it, so the same row lands in the same place
+    on every run, and adding rows does not move the others between splits.
+    """
+
+    key: str
+    value: Any
+    split: str | None = None
+
+
+class BasePipeline(abc.ABC):
+    """Base class for `pipelines.<kind>.Pipeline`. Options come from the command line/config."""
+
+    name = "base"
+    # Fractions used when the source has no splits of its own and none are asked for.
+    default_splits: dict[str, float] = {"train": 1.0}
+
+    def __init__(self, **options):
+        self.options = options
+
+    def prepare(self, source: str) -> dict:
+        """One look at the source before rows are read (class names, vocabulary, ...).
+
+        Returns JSON-serializable metadata, stored as `info` in the manifest and handed to every
+        other method. It should hold `num_classes` for classification datasets.
+        """
+        return {}
+
+    @abc.abstractmethod
+    def read(self, source: str, info: dict, worker: int = 0, num_workers: int = 1) -> Iterator[Row]:
+        """Yields this worker's share of the source's rows (a disjoint, deterministic share).
+
+        Must stream: never hold the whole source in memory.
+        """
+
+    @abc.abstractmethod
+    def features(self, info: dict) -> dict[str, dict]:
+        """The schema: feature name -> {"dtype": "string"|"int64"|"float32", "shape": [...]}.
+
+        A feature with `"varlen": true` is parsed as variable length (padded per batch).
+        """
+
+    @abc.abstractmethod
+    def encode(self, row: Row, info: dict):
+        """Returns the row as a `tf.train.Example`; raises `tftrain.errors.BadRow(reason)`."""
+
+    @abc.abstractmethod
+    def decode(self, features: dict, info: dict):
+        """Decodes a batch of parsed features (a dict of batched tensors) to `(inputs, label)`."""

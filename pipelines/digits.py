@@ -1,0 +1,52 @@
+"""The embedded default: scikit-learn's bundled handwritten digits (1,797 8x8 images, no network).
+
+Each image is stored as an 8x8 grayscale PNG with the standard image keys, so the digits
+dataset is read by exactly the same code as any image dataset. The source has no splits of its
+own; the converter assigns train/validation/test from each row's key.
+"""
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from pipelines.base import BasePipeline, Row
+from pipelines.images import IMAGE_FEATURES, decode_image_batch, image_example
+
+SIZE = 8
+
+
+class Pipeline(BasePipeline):
+    """`source` is ignored: the data ships inside scikit-learn."""
+
+    name = "digits"
+    default_splits = {"train": 0.8, "validation": 0.1, "test": 0.1}
+
+    def prepare(self, source):
+        return {"num_classes": 10, "class_names": [str(d) for d in range(10)],
+                "image_size": [SIZE, SIZE, 1]}
+
+    def read(self, source, info, worker=0, num_workers=1):
+        from sklearn.datasets import load_digits
+
+        digits = load_digits()
+        for index in range(worker, len(digits.target), num_workers):
+            yield Row(key=f"digits/{index:04d}",
+                      value=(digits.images[index], int(digits.target[index])))
+
+    def features(self, info):
+        return dict(IMAGE_FEATURES)
+
+    def encode(self, row, info):
+        from PIL import Image
+
+        pixels, label = row.value
+        # sklearn's pixels are 0..16; stretch them to the full 8-bit range.
+        image = np.clip(np.rint(pixels * (255.0 / 16.0)), 0, 255).astype(np.uint8)
+        buffer = io.BytesIO()
+        Image.fromarray(image, mode="L").save(buffer, format="PNG")
+        return image_example(encoded=buffer.getvalue(), image_format="png", height=SIZE, width=SIZE,
+                             label=label, text=str(label), filename=row.key)
+
+    def decode(self, features, info):
+        return decode_image_batch(features, SIZE, SIZE, channels=1)
