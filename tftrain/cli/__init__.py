@@ -1,0 +1,100 @@
+"""`tftrain <command> [flags]`: the absl entry point.
+
+Each command is one module `tftrain.cli.<name>` whose docstring is its help, which defines its
+absl flags at module level and a `main(argv)`. Adding a command is adding one module and one
+line to COMMANDS. Only the chosen command's module is imported, and none of them imports
+TensorFlow at module level, so `--help` is fast.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import logging as std_logging
+import sys
+
+from absl import app, flags, logging
+
+from tftrain.errors import TftrainError
+
+COMMANDS = {
+    "convert": "Convert a raw dataset (images, CSV, NumPy, TFDS, JSONL) into sharded TFRecords.",
+    "inspect": "Show a TFRecord dataset's schema, splits and labels; --verify checks every record.",
+    "train": "Train a model from a YAML experiment config (strategy, data, model, fit, export).",
+    "evaluate": "Evaluate a SavedModel or .tflite model on a dataset split.",
+}
+
+HELP_ARGS = ("-h", "--help", "-?", "--helpshort")
+PROG = "tftrain"
+
+
+def usage() -> str:
+    """The top-level help: the commands, one line each."""
+    width = max(map(len, COMMANDS))
+    lines = [f"usage: {PROG} <command> [flags]", "", "commands:"]
+    lines += [f"  {name:<{width}}  {text}" for name, text in COMMANDS.items()]
+    lines += ["", f"`{PROG} <command> --help` lists a command's flags; `{PROG} <command> --helpfull` "
+              "adds absl's own (--flagfile, -v/--verbosity, ...)."]
+    return "\n".join(lines)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Prints one error line and exits with `code`."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def command_help(name: str, module) -> str:
+    """A command's docstring and its flags (its own and the shared ones it declares)."""
+    flag_help = flags.FLAGS.module_help(module)
+    return f"usage: {PROG} {name} [flags]\n\n{(module.__doc__ or '').strip()}\n\nflags:\n{flag_help}"
+
+
+def run(argv: list[str] | None = None) -> None:
+    """The console script: dispatches to a command and exits with its code."""
+    argv = list(sys.argv if argv is None else argv)
+    args = argv[1:]
+    if not args or args[0] in HELP_ARGS + ("help",):
+        print(usage())
+        sys.exit(0 if args else 2)
+    name = args[0]
+    if name.startswith("-"):
+        fail(f"{name!r} given before a command; write `{PROG} <command> {name}`.\n\n{usage()}")
+    if name not in COMMANDS:
+        close = difflib.get_close_matches(name, COMMANDS, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        fail(f"unknown command {name!r}{hint}; commands: {', '.join(COMMANDS)}")
+    module = importlib.import_module(f"tftrain.cli.{name}")
+    before_separator = args[1: args.index("--")] if "--" in args else args[1:]
+    if any(arg in HELP_ARGS for arg in before_separator):
+        print(command_help(name, module))
+        sys.exit(0)
+    app.run(_guarded(name, module.main), argv=[f"{PROG} {name}"] + args[1:],
+            flags_parser=lambda command_argv: _parse_flags(name, command_argv))
+
+
+def _parse_flags(name: str, argv: list[str]) -> list[str]:
+    flags.FLAGS.unparse_flags()  # in-process reruns start from the defaults
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        fail(f"{e}. `{PROG} {name} --help` lists the flags.")
+
+
+def _guarded(name: str, main):
+    """Runs a command's main; a TftrainError becomes one line on stderr and its exit code."""
+
+    def guarded_main(argv):
+        if not flags.FLAGS["verbosity"].present:
+            logging.set_verbosity(logging.INFO)
+            # TensorFlow's own Python INFO lines (saver internals) would drown tftrain's.
+            std_logging.getLogger("tensorflow").setLevel(std_logging.WARNING)
+        try:
+            return main(argv)
+        except TftrainError as e:
+            print(f"{PROG} {name}: error: {e}", file=sys.stderr)
+            return e.exit_code
+        except KeyboardInterrupt:
+            print(f"{PROG} {name}: interrupted", file=sys.stderr)
+            return 130
+
+    return guarded_main

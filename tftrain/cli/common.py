@@ -1,0 +1,50 @@
+"""Flags shared by several commands, defined once and declared as key flags of each user.
+
+A command module calls `use_flags(__name__, "model_dir", ...)`; the flag is defined the first
+time and listed in that command's `--help`.
+"""
+from __future__ import annotations
+
+from absl import flags
+
+FLAGS = flags.FLAGS
+
+_DEFINITIONS = {
+    "config": lambda: flags.DEFINE_string(
+        "config", "digits", "Experiment config: a YAML path or the name of a shipped config "
+        "(configs/NAME.yaml)."),
+    "params_override": lambda: flags.DEFINE_string(
+        "params_override", "", "Comma-separated config overrides applied last, e.g. "
+        "'train.epochs=3,data.batch_size=64'."),
+    "model_dir": lambda: flags.DEFINE_string(
+        "model_dir", None, "Run directory (params.yaml, checkpoints/, backup/, logs/, export/, "
+        "summary.json). gs:// works."),
+    "strategy": lambda: flags.DEFINE_enum(
+        "strategy", None, ["auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu"],
+        "Distribution strategy (runtime.strategy)."),
+    "tpu": lambda: flags.DEFINE_string(
+        "tpu", None, "TPU to use with --strategy=tpu: local, a TPU name or grpc://host:port "
+        "(runtime.tpu)."),
+    "data": lambda: flags.DEFINE_string(
+        "data", None, "Dataset directory (with dataset.json)."),
+    "split": lambda: flags.DEFINE_string("split", "test", "Dataset split to use."),
+    "overwrite": lambda: flags.DEFINE_bool(
+        "overwrite", False, "Replace existing finished output instead of refusing."),
+}
+
+
+def use_flags(module_name: str, *names: str) -> None:
+    """Defines the shared flags `names` (once) and makes them key flags of `module_name`."""
+    for name in names:
+        if name not in FLAGS:
+            _DEFINITIONS[name]()
+        FLAGS.register_key_flag_for_module(module_name, FLAGS[name])
+
+
+def require(*names: str) -> None:
+    """Raises ConfigError unless every flag in `names` was given a value."""
+    from tftrain.errors import ConfigError
+
+    missing = [f"--{name}" for name in names if FLAGS[name].value in (None, "")]
+    if missing:
+        raise ConfigError(f"missing required flag(s): {', '.join(missing)}")

@@ -1,0 +1,24 @@
+"""Evaluate a trained model (a SavedModel directory) on a dataset split.
+
+Prints the metrics and writes them as JSON (--output, default <model>/../eval_<split>.json).
+Example: tftrain evaluate --model=runs/demo/export --data=data/digits --split=test
+"""
+from absl import flags
+
+from tftrain.cli.common import require, use_flags
+
+FLAGS = flags.FLAGS
+use_flags(__name__, "data", "split")
+flags.DEFINE_string("model", None, "SavedModel directory (e.g. RUN/export) or a .tflite file.")
+flags.DEFINE_integer("batch_size", 256, "Evaluation batch size.")
+flags.DEFINE_string("output", None, "Where to write the metrics JSON.")
+
+
+def main(argv):
+    require("model", "data")
+    from tftrain import evaluate
+
+    metrics = evaluate.evaluate(FLAGS.model, FLAGS.data, FLAGS.split, FLAGS.batch_size,
+                                output=FLAGS.output)
+    print(" ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
+    return 0

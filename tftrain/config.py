@@ -1,0 +1,311 @@
+"""The experiment config: typed dataclasses, YAML files, strict overrides, validation.
+
+Applied in one fixed order: defaults -> YAML file -> command-line flags -> `--params_override`.
+Everything is checked here, before TensorFlow starts: an unknown key names the closest valid
+keys, a value of the wrong type names the expected type, and an impossible combination names
+the numbers involved. The resolved config is written to `model_dir/params.yaml`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from typing import Any, Optional
+
+import yaml
+
+from tftrain.errors import ConfigError
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu")
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
+OPTIMIZERS = ("sgd", "adam", "adamw")
+
+
+@dataclasses.dataclass
+class DataConfig:
+    """Where the TFRecord dataset is and how it is read."""
+
+    dir: str = "data/digits"  # dataset directory (shards + dataset.json); gs:// works
+    pipeline: str = "digits"  # creates `dir` from `source` the first time it is needed
+    source: str = ""  # raw input for that conversion (unused by `digits`)
+    train_split: str = "train"
+    eval_split: str = "validation"  # monitored during training
+    test_split: str = "test"  # reported in summary.json after training
+    batch_size: int = 64  # global batch size, over all replicas and workers
+    shuffle_buffer: int = 10_000
+    cache: bool = False
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """Which registered model to build, with its keyword arguments."""
+
+    name: str = "cnn"
+    params: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    """The optimization loop."""
+
+    epochs: int = 10
+    steps_per_epoch: Optional[int] = None  # None: one pass over the training split
+    optimizer: str = "adam"
+    learning_rate: float = 1e-3
+    momentum: float = 0.9  # sgd only
+    weight_decay: float = 0.0  # adamw only
+    steps_per_execution: int = 1
+    seed: int = 42
+
+
+@dataclasses.dataclass
+class RuntimeConfig:
+    """Where training runs."""
+
+    strategy: str = "auto"
+    tpu: str = ""  # local | NAME | grpc://host:port
+    cpu_devices: int = 0  # >0: split the CPU into this many virtual devices (tests, mirrored on CPU)
+    mixed_precision: str = "float32"
+
+
+@dataclasses.dataclass
+class Config:
+    """The whole experiment."""
+
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
+
+
+def all_keys(config_cls: type = Config, prefix: str = "") -> list[str]:
+    """Every dotted key of the config tree, e.g. 'train.epochs'."""
+    keys = []
+    for field in dataclasses.fields(config_cls):
+        field_type = typing.get_type_hints(config_cls)[field.name]
+        if dataclasses.is_dataclass(field_type):
+            keys += all_keys(field_type, f"{prefix}{field.name}.")
+        else:
+            keys.append(prefix + field.name)
+    return keys
+
+
+def _unknown_key(key: str) -> ConfigError:
+    close = difflib.get_close_matches(key, all_keys(), n=3, cutoff=0.5)
+    if not close:  # match the last part alone: 'train.epoch' -> 'train.epochs'
+        last = key.rsplit(".", 1)[-1]
+        close = [k for k in all_keys() if difflib.get_close_matches(last, [k.rsplit(".", 1)[-1]], cutoff=0.75)]
+    hint = f"; did you mean {' or '.join(close[:3])}?" if close else ""
+    return ConfigError(f"unknown config key {key!r}{hint} (valid sections: data, model, train, runtime)")
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, value: Any, tp: Any) -> Any:
+    """Checks `value` against the annotated type `tp`; returns it, converted where lossless."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        options = typing.get_args(tp)
+        if value is None and type(None) in options:
+            return None
+        (tp,) = [t for t in options if t is not type(None)]
+        origin = typing.get_origin(tp)
+    expected = origin or tp
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if expected is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    if expected is int and isinstance(value, bool) or not isinstance(value, expected):
+        raise ConfigError(f"config key {key!r} must be of type {_type_name(expected)}, "
+                          f"got {value!r} ({type(value).__name__})")
+    return value
+
+
+def _apply(config: Any, updates: dict, prefix: str = "") -> None:
+    """Sets the (nested) `updates` on the dataclass tree `config`, strictly."""
+    if not isinstance(updates, dict):
+        raise ConfigError(f"config section {prefix.rstrip('.') or 'top level'} must be a mapping, "
+                          f"got {updates!r}")
+    hints = typing.get_type_hints(type(config))
+    for name, value in updates.items():
+        key = f"{prefix}{name}"
+        if name not in hints:
+            raise _unknown_key(key)
+        if dataclasses.is_dataclass(hints[name]):
+            _apply(getattr(config, name), value, key + ".")
+        else:
+            setattr(config, name, _coerce(key, value, hints[name]))
+
+
+def resolve_config_path(name_or_path: str) -> str:
+    """A config file path from a path or the name of a shipped config (`digits`)."""
+    candidates = [name_or_path]
+    if not name_or_path.endswith((".yaml", ".yml")):
+        candidates.append(os.path.join(CONFIG_DIR, name_or_path + ".yaml"))
+    for path in candidates:
+        if os.path.isfile(path) or (path.startswith(("gs://", "ram://")) and _gfile_exists(path)):
+            return path
+    shipped = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml"))
+    raise ConfigError(f"config {name_or_path!r} not found: give a YAML file path or one of the "
+                      f"shipped configs: {', '.join(shipped)}")
+
+
+def _gfile_exists(path: str) -> bool:
+    import tensorflow as tf  # only for remote paths
+
+    return tf.io.gfile.exists(path)
+
+
+def read_yaml(path: str) -> dict:
+    """Reads a YAML mapping safely; a syntax error names the file and line."""
+    if path.startswith(("gs://", "ram://")):
+        import tensorflow as tf
+
+        with tf.io.gfile.GFile(path) as f:
+            text = f.read()
+    else:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path} is not valid YAML: {e}".replace("\n", " ")) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path} must hold a mapping of sections (data, model, train, runtime).")
+    return data
+
+
+def parse_overrides(text: str) -> dict:
+    """Parses 'train.epochs=3,data.batch_size=64' into a nested dict; values are YAML scalars.
+
+    A value may hold commas inside brackets or quotes: 'model.params={filters: [8, 16]}'.
+    """
+    updates: dict = {}
+    for item in _split_top_level(text):
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"bad override {item!r}: write key=value, e.g. train.epochs=3")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            raise ConfigError(f"bad value in override {item!r}: not a YAML scalar, list or mapping") from None
+        node = updates
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {key!r} conflicts with another override of {part!r}")
+        node[leaf] = value
+    return updates
+
+
+def _split_top_level(text: str) -> list[str]:
+    items, depth, quote, current = [], 0, "", ""
+    for char in text:
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "[{":
+            depth += 1
+        elif char in "]}":
+            depth -= 1
+        elif char == "," and depth == 0:
+            items.append(current)
+            current = ""
+            continue
+        current += char
+    items.append(current)
+    return [item.strip() for item in items if item.strip()]
+
+
+def build_config(config: str = "digits", flag_values: dict | None = None,
+                 overrides: str = "") -> Config:
+    """Defaults -> YAML file -> flag values (dotted keys) -> overrides; then validated."""
+    result = Config()
+    if config:
+        _apply(result, read_yaml(resolve_config_path(config)))
+    for key, value in (flag_values or {}).items():
+        _apply(result, _nested(key, value))
+    _apply(result, parse_overrides(overrides))
+    validate(result)
+    return result
+
+
+def _nested(key: str, value: Any) -> dict:
+    node: dict = {}
+    root = node
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    return root
+
+
+def validate(config: Config) -> None:
+    """Checks values and combinations that no type can express; raises ConfigError."""
+    def choice(key, value, options):
+        if value not in options:
+            close = difflib.get_close_matches(str(value), options, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{key}={value!r} is not one of {', '.join(options)}{hint}")
+
+    def positive(key, value):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{key} must be > 0, got {value}")
+
+    choice("runtime.strategy", config.runtime.strategy, STRATEGIES)
+    choice("runtime.mixed_precision", config.runtime.mixed_precision, PRECISIONS)
+    choice("train.optimizer", config.train.optimizer, OPTIMIZERS)
+    for key in ("data.batch_size", "data.shuffle_buffer", "train.epochs", "train.steps_per_epoch",
+                "train.learning_rate", "train.steps_per_execution"):
+        section, name = key.split(".")
+        positive(key, getattr(getattr(config, section), name))
+    if config.runtime.cpu_devices < 0:
+        raise ConfigError(f"runtime.cpu_devices must be >= 0, got {config.runtime.cpu_devices}")
+    if config.runtime.strategy == "tpu" and not config.runtime.tpu:
+        raise ConfigError("runtime.strategy=tpu needs runtime.tpu (or --tpu): local, a TPU name, "
+                          "or grpc://host:port")
+    if config.runtime.strategy == "mirrored" and config.runtime.cpu_devices > 1:
+        check_divisible(config.data.batch_size, config.runtime.cpu_devices)
+    if not config.data.dir:
+        raise ConfigError("data.dir is empty: name the dataset directory")
+    from tftrain import models  # no TensorFlow at import
+
+    models.check_model(config.model.name, config.model.params)
+
+
+def check_divisible(batch_size: int, num_replicas: int) -> None:
+    """The global batch must split evenly over the replicas."""
+    if batch_size % num_replicas:
+        lower = batch_size - batch_size % num_replicas
+        raise ConfigError(
+            f"data.batch_size ({batch_size}) must be divisible by the number of replicas "
+            f"({num_replicas}); use {lower or num_replicas} or {lower + num_replicas}")
+
+
+def to_dict(config: Config) -> dict:
+    """The config as plain nested dicts, ready for YAML."""
+    return dataclasses.asdict(config)
+
+
+def to_yaml(config: Config) -> str:
+    """The resolved config as YAML text, as written to params.yaml."""
+    return yaml.safe_dump(to_dict(config), sort_keys=False)
+
+
+def from_yaml_file(path: str) -> Config:
+    """Reads a resolved config (e.g. a run's params.yaml) strictly, and validates it."""
+    result = Config()
+    _apply(result, read_yaml(path))
+    validate(result)
+    return result

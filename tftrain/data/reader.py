@@ -1,0 +1,106 @@
+"""`load`: a fast `tf.data` input pipeline over a tftrain TFRecord dataset."""
+from __future__ import annotations
+
+import tensorflow as tf
+from absl import logging
+
+from pipelines import load_pipeline
+from tftrain.data import manifest as manifest_lib
+from tftrain.errors import DataError
+
+_DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
+
+
+def parse_spec(features: dict) -> dict:
+    """The `tf.io.parse_example` spec for a manifest's feature schema."""
+    spec = {}
+    for name, feature in features.items():
+        dtype = _DTYPES[feature["dtype"]]
+        if feature.get("varlen"):
+            spec[name] = tf.io.RaggedFeature(dtype)
+        else:
+            spec[name] = tf.io.FixedLenFeature(feature["shape"], dtype, feature.get("default"))
+    return spec
+
+
+def foreign_files(pattern: str, split: str) -> list[str]:
+    """The TFRecord files of `split` in a dataset that tftrain did not write (no manifest).
+
+    `pattern` is a glob; `{split}` in it is replaced by the split name. A directory stands for
+    its files whose names start with the split name (`train-00000-of-00010`, `train.tfrecord`).
+    """
+    if "{split}" in pattern:
+        pattern = pattern.replace("{split}", split)
+    elif tf.io.gfile.isdir(pattern):
+        pattern = manifest_lib.join(pattern, split + "*")
+    files = sorted(tf.io.gfile.glob(pattern))
+    if not files:
+        raise DataError(f"no TFRecord files match {pattern!r} (split {split!r}); pass a glob such as "
+                        "'/data/{split}-*.tfrecord' or a directory of <split>-* files.")
+    return files
+
+
+def load(data_dir: str, split: str, batch_size: int, training: bool, *,
+         input_context: tf.distribute.InputContext | None = None, shuffle_buffer: int = 10_000,
+         cache: bool = False, drop_remainder: bool | None = None, repeat: bool = False,
+         seed: int | None = None, pipeline: str | None = None,
+         pipeline_options: dict | None = None, info: dict | None = None) -> tf.data.Dataset:
+    """Returns a batched dataset of `(inputs, label)` read from `data_dir`'s `split`.
+
+    `batch_size` is the batch size of this input pipeline: the per-worker batch when
+    `input_context` is given (see `tftrain.distribute.per_worker_batch_size`).
+    When training, shard files are shuffled each epoch and read in parallel in a
+    non-deterministic order, then examples are shuffled; evaluation reads in file order.
+    Examples are batched first and then parsed and decoded a batch at a time.
+
+    Foreign TFRecords: when `data_dir` has no dataset.json and `pipeline` (a pipeline name) is
+    given, `data_dir` is a file pattern (see `foreign_files`), the schema is
+    `pipeline.features(info)`, and `info` stands in for the manifest's metadata. The pipeline is
+    built with `pipeline_options` (e.g. {"image_size": 64}).
+    """
+    if pipeline and not manifest_lib.exists(data_dir):
+        files = foreign_files(data_dir, split)
+        manifest = {"pipeline": pipeline, "info": info or {}}
+    else:
+        manifest = manifest_lib.read(data_dir)
+        files = manifest_lib.shard_files(data_dir, manifest, split)
+    info = manifest.get("info", {})
+    pipeline = load_pipeline(pipeline or manifest["pipeline"], **(pipeline_options or {}))
+    if drop_remainder is None:
+        drop_remainder = training
+
+    dataset = tf.data.Dataset.from_tensor_slices(files)
+    if input_context and input_context.num_input_pipelines > 1:
+        if len(files) >= input_context.num_input_pipelines:
+            dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+            per_pipeline_files = True
+        else:
+            logging.warning(
+                "split %r has %d shard files for %d input pipelines: sharding by example (every "
+                "worker reads all files). Convert with --num_shards >= %d to shard by file.",
+                split, len(files), input_context.num_input_pipelines, input_context.num_input_pipelines)
+            per_pipeline_files = False
+    else:
+        per_pipeline_files = True
+    if training:
+        dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    dataset = dataset.interleave(
+        tf.data.TFRecordDataset, cycle_length=min(len(files), 16) or 1,
+        num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
+    if not per_pipeline_files:
+        dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    if cache:
+        dataset = dataset.cache()
+    if training:
+        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    if repeat:
+        dataset = dataset.repeat()
+    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    spec = parse_spec(manifest.get("features") or pipeline.features(info))
+
+    def parse_and_decode(serialized):
+        return pipeline.decode(tf.io.parse_example(serialized, spec), info)
+
+    dataset = dataset.map(parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE,
+                          deterministic=not training)
+    return dataset.prefetch(tf.data.AUTOTUNE)

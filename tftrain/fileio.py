@@ -1,0 +1,50 @@
+"""File helpers over `tf.io.gfile`, so every path may be local, gs:// or ram://."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import posixpath
+
+import tensorflow as tf
+
+
+def join(*parts: str) -> str:
+    """Joins path parts with '/', which works for local paths and gs://, ram:// alike."""
+    return posixpath.join(*parts)
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    """Writes `text` under a temporary name in the same directory, then renames it over `path`."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with tf.io.gfile.GFile(tmp, "w") as f:
+        f.write(text)
+    tf.io.gfile.rename(tmp, path, overwrite=True)
+
+
+def write_json(path: str, data: dict) -> None:
+    """Writes `data` as indented, key-sorted JSON, atomically."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def read_json(path: str) -> dict:
+    """Reads a JSON file."""
+    with tf.io.gfile.GFile(path) as f:
+        return json.load(f)
+
+
+def remove(path: str) -> None:
+    """Removes a file or a directory tree, if it exists."""
+    if tf.io.gfile.isdir(path):
+        tf.io.gfile.rmtree(path)
+    elif tf.io.gfile.exists(path):
+        tf.io.gfile.remove(path)
+
+
+def file_sha256(path: str, chunk_bytes: int = 1 << 22) -> str:
+    """The sha256 of a file, read in chunks."""
+    digest = hashlib.sha256()
+    with tf.io.gfile.GFile(path, "rb") as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,131 @@
+"""The model registry: `mlp`, `cnn`, `resnet`, or a user's `package.module:function`.
+
+A builder takes `input_shape` and `num_classes` (both from the dataset) plus its own keyword
+parameters (`model.params` in the config) and returns an uncompiled tf_keras model whose output
+is float32 logits. Builders import tf_keras inside, so checking a config does not start
+TensorFlow.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import inspect
+from typing import Callable
+
+from tftrain.errors import ConfigError
+
+
+def _logits(keras, x, num_classes):
+    # float32 logits even under a mixed-precision policy: the loss must not be computed in fp16.
+    return keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
+
+
+def mlp(input_shape, num_classes, hidden_units=(256, 128), dropout=0.1):
+    """A multi-layer perceptron over the flattened input."""
+    import tf_keras as keras
+
+    inputs = keras.Input(shape=input_shape, name="inputs")
+    x = keras.layers.Flatten()(inputs)
+    for units in hidden_units:
+        x = keras.layers.Dense(units, activation="relu")(x)
+        if dropout:
+            x = keras.layers.Dropout(dropout)(x)
+    return keras.Model(inputs, _logits(keras, x, num_classes), name="mlp")
+
+
+def cnn(input_shape, num_classes, filters=(32, 64), dense_units=128, dropout=0.25):
+    """A small convolutional network: conv-conv-pool blocks, then a dense head."""
+    import tf_keras as keras
+
+    inputs = keras.Input(shape=input_shape, name="inputs")
+    x = inputs
+    for index, width in enumerate(filters):
+        x = keras.layers.Conv2D(width, 3, padding="same", activation="relu")(x)
+        x = keras.layers.Conv2D(width, 3, padding="same", activation="relu")(x)
+        if min(x.shape[1], x.shape[2]) >= 4 or index < len(filters) - 1:
+            x = keras.layers.MaxPooling2D()(x)
+    x = keras.layers.Flatten()(x)
+    x = keras.layers.Dense(dense_units, activation="relu")(x)
+    if dropout:
+        x = keras.layers.Dropout(dropout)(x)
+    return keras.Model(inputs, _logits(keras, x, num_classes), name="cnn")
+
+
+def resnet(input_shape, num_classes, depth=3, width=16, stages=3):
+    """A small pre-activation-free ResNet: `stages` stages of `depth` residual blocks each,
+    channel width doubling per stage from `width`."""
+    import tf_keras as keras
+
+    layers = keras.layers
+
+    def block(x, channels, stride):
+        shortcut = x
+        y = layers.Conv2D(channels, 3, strides=stride, padding="same", use_bias=False)(x)
+        y = layers.BatchNormalization()(y)
+        y = layers.ReLU()(y)
+        y = layers.Conv2D(channels, 3, padding="same", use_bias=False)(y)
+        y = layers.BatchNormalization()(y)
+        if stride != 1 or shortcut.shape[-1] != channels:
+            shortcut = layers.Conv2D(channels, 1, strides=stride, use_bias=False)(shortcut)
+            shortcut = layers.BatchNormalization()(shortcut)
+        return layers.ReLU()(layers.Add()([y, shortcut]))
+
+    inputs = keras.Input(shape=input_shape, name="inputs")
+    x = layers.Conv2D(width, 3, padding="same", use_bias=False)(inputs)
+    x = layers.ReLU()(layers.BatchNormalization()(x))
+    for stage in range(stages):
+        for index in range(depth):
+            stride = 2 if (stage > 0 and index == 0 and min(x.shape[1], x.shape[2]) >= 4) else 1
+            x = block(x, width * 2**stage, stride)
+    x = layers.GlobalAveragePooling2D()(x)
+    return keras.Model(inputs, _logits(keras, x, num_classes), name="resnet")
+
+
+REGISTRY: dict[str, Callable] = {"mlp": mlp, "cnn": cnn, "resnet": resnet}
+
+
+def get_builder(name: str) -> Callable:
+    """The builder for a registered name or for 'package.module:function'."""
+    if name in REGISTRY:
+        return REGISTRY[name]
+    if ":" in name:
+        module_name, _, function_name = name.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as e:
+            raise ConfigError(f"model {name!r}: cannot import module {module_name!r} ({e})") from None
+        builder = getattr(module, function_name, None)
+        if not callable(builder):
+            raise ConfigError(f"model {name!r}: module {module_name!r} has no function {function_name!r}")
+        return builder
+    close = difflib.get_close_matches(name, REGISTRY, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    raise ConfigError(f"unknown model {name!r}{hint}: registered models are {', '.join(REGISTRY)}, "
+                      "or give your own as package.module:function")
+
+
+def check_model(name: str, params: dict) -> None:
+    """Checks that the model exists and accepts `params`, without building it."""
+    builder = get_builder(name)
+    signature = inspect.signature(builder)
+    accepts_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
+    allowed = [p for p in signature.parameters if p not in ("input_shape", "num_classes")]
+    for key in params:
+        if key not in allowed and not accepts_any:
+            close = difflib.get_close_matches(key, allowed, n=2)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            raise ConfigError(f"model {name!r} has no parameter model.params.{key}{hint} "
+                              f"(it takes: {', '.join(allowed) or 'none'})")
+
+
+def build_model(name: str, params: dict, input_shape, num_classes: int):
+    """Builds the model; call inside `strategy.scope()`."""
+    import tf_keras as keras
+
+    model = get_builder(name)(input_shape=tuple(input_shape), num_classes=num_classes, **params)
+    if not isinstance(model, keras.Model):
+        raise ConfigError(
+            f"model {name!r} returned {type(model).__module__}.{type(model).__name__}, not a "
+            "tf_keras Model: build models with `import tf_keras as keras` (Keras 3 is not supported "
+            "by tensorflow-model-optimization)")
+    return model
