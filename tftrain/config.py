@@ -136,6 +136,9 @@ def _apply(config: Any, updates: dict, prefix: str = "") -> None:
     for name, value in updates.items():
         key = f"{prefix}{name}"
         if name not in hints:
+            while isinstance(value, dict) and len(value) == 1:  # 'trian: {epochs: 3}' -> 'trian.epochs'
+                (child, value), = value.items()
+                key += f".{child}"
             raise _unknown_key(key)
         if dataclasses.is_dataclass(hints[name]):
             _apply(getattr(config, name), value, key + ".")
@@ -233,7 +236,11 @@ def build_config(config: str = "digits", flag_values: dict | None = None,
     """Defaults -> YAML file -> flag values (dotted keys) -> overrides; then validated."""
     result = Config()
     if config:
-        _apply(result, read_yaml(resolve_config_path(config)))
+        path = resolve_config_path(config)
+        try:
+            _apply(result, read_yaml(path))
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}") from None
     for key, value in (flag_values or {}).items():
         _apply(result, _nested(key, value))
     _apply(result, parse_overrides(overrides))

@@ -1,0 +1,50 @@
+"""Shared test fixtures.
+
+The test process splits its CPU into 2 logical devices before TensorFlow starts, so that
+MirroredStrategy over 2 replicas runs in-process (as `runtime.cpu_devices=2` does in a run).
+"""
+import os
+import sys
+
+import pytest
+
+import tftrain  # noqa: F401  (selects tf-keras before TensorFlow is imported)
+
+TEST_CPU_DEVICES = 2
+
+
+def pytest_configure(config):
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(TEST_CPU_DEVICES)])
+
+
+@pytest.fixture(scope="session")
+def digits_dir(tmp_path_factory):
+    """The digits dataset converted once for the whole session (read-only for tests)."""
+    from pipelines import load_pipeline
+    from tftrain.data.writer import write_dataset
+
+    path = str(tmp_path_factory.mktemp("digits") / "digits")
+    write_dataset(load_pipeline("digits"), "", path, num_shards=2)
+    return path
+
+
+def run_cli(*args):
+    """Runs `tftrain <args>` in-process; returns its exit code."""
+    from tftrain.cli import run
+
+    with pytest.raises(SystemExit) as exited:
+        run(["tftrain", *args])
+    return exited.value.code or 0
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+PYTHON = sys.executable
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,0 +1,65 @@
+"""The absl CLI: command listing, per-command help, absl's own flags, one-line errors."""
+import json
+import subprocess
+
+from tests.conftest import PYTHON, REPO
+
+
+def run_subprocess(*args, timeout=60):
+    return subprocess.run([PYTHON, "-c", "import sys; from tftrain.cli import run; run(sys.argv)", *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_lists_commands_without_importing_tensorflow():
+    probe = ("import sys; from tftrain.cli import run\n"
+             "try:\n    run(['tftrain', *sys.argv[1:]])\nexcept SystemExit as e:\n"
+             "    print('TF-IMPORTED' if 'tensorflow' in sys.modules else 'NO-TF', e.code)\n")
+    for args in ([ "--help"], ["train", "--help"], ["convert", "--help"], ["evaluate", "--help"],
+                 ["inspect", "--help"]):
+        result = subprocess.run([PYTHON, "-c", probe, *args], cwd=REPO, capture_output=True,
+                                text=True, timeout=60)
+        assert result.stdout.strip().endswith("NO-TF 0"), (args, result.stdout, result.stderr)
+    top = run_subprocess("--help").stdout
+    for command in ("train", "evaluate", "convert", "inspect"):
+        assert f"\n  {command} " in top
+    train_help = run_subprocess("train", "--help").stdout
+    for flag in ("--config", "--params_override", "--model_dir", "--strategy", "--tpu"):
+        assert flag in train_help
+
+
+def test_absl_flags_keep_working(tmp_path):
+    helpfull = run_subprocess("train", "--helpfull")
+    assert "--flagfile" in helpfull.stdout and "--verbosity" in helpfull.stdout
+    flagfile = tmp_path / "flags.txt"
+    flagfile.write_text("--params_override=train.epoch=1\n")
+    result = run_subprocess("train", f"--flagfile={flagfile}", "-v", "1")
+    # the flag file was read: its bad key is what the error names
+    assert result.returncode == 2 and "train.epoch" in result.stderr
+
+
+def test_bad_input_is_one_line_and_nonzero(tmp_path):
+    cases = [
+        (("trian",), "unknown command 'trian' (did you mean 'train'?)"),
+        (("train", "--epochs=3"), "Unknown command line flag 'epochs'"),
+        (("train", "--config=missing"), "config 'missing' not found"),
+        (("train", "--strategy=magic"), "value should be one of"),
+        (("train", "--params_override=model.name=vgg"), "unknown model 'vgg'"),
+        (("train", "--params_override=data.batch_size=x"), "must be of type int"),
+        (("evaluate", "--data=/nonexistent"), "missing required flag(s): --model"),
+    ]
+    for args, message in cases:
+        result = run_subprocess(*args)
+        assert result.returncode == 2, (args, result.stderr)
+        assert message in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr, (args, result.stderr)
+        error_lines = [line for line in result.stderr.splitlines() if "error:" in line]
+        assert len(error_lines) == 1, (args, result.stderr)
+
+
+def test_in_process_cli_resets_flags_between_runs(cli, digits_dir, tmp_path, capsys):
+    assert cli("inspect", f"--data={digits_dir}") == 0
+    out = capsys.readouterr().out
+    manifest = json.loads(open(f"{digits_dir}/dataset.json").read())
+    assert f"train: {manifest['splits']['train']['num_examples']} examples" in out
+    assert cli("inspect", f"--data={tmp_path}") == 1  # not a dataset: no dataset.json
+    assert "dataset.json is missing" in capsys.readouterr().err

@@ -1,0 +1,76 @@
+"""Config: defaults -> file -> flags -> overrides, strict keys and types, validation, params.yaml."""
+import pytest
+
+from tftrain import config as config_lib
+from tftrain.errors import ConfigError
+
+
+def test_shipped_config_and_override_order(tmp_path):
+    config = config_lib.build_config("digits", {"runtime.strategy": "mirrored"},
+                                     "train.epochs=3,data.batch_size=64,runtime.strategy=one_device")
+    assert config.model.name == "cnn"  # from configs/digits.yaml
+    assert config.data.batch_size == 64 and config.train.epochs == 3  # overrides
+    assert config.runtime.strategy == "one_device"  # the override is applied after the flag
+    flag_only = config_lib.build_config("digits", {"runtime.strategy": "mirrored"}, "")
+    assert flag_only.runtime.strategy == "mirrored"
+
+
+def test_yaml_file_path_and_nested_override(tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text("model:\n  name: mlp\n  params: {hidden_units: [32]}\ntrain:\n  learning_rate: 1\n")
+    config = config_lib.build_config(str(path), {}, "model.params={hidden_units: [8, 4], dropout: 0.0}")
+    assert config.model.params == {"hidden_units": [8, 4], "dropout": 0.0}
+    assert config.train.learning_rate == 1.0 and isinstance(config.train.learning_rate, float)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.epoch=3", "unknown config key 'train.epoch'; did you mean train.epochs"),
+    ("trian.epochs=3", "did you mean train.epochs"),
+    ("data.batch_size=abc", "'data.batch_size' must be of type int, got 'abc'"),
+    ("data.cache=3", "'data.cache' must be of type bool"),
+    ("train.epochs=1.5", "'train.epochs' must be of type int"),
+    ("runtime.strategy=mirorred", "runtime.strategy='mirorred' is not one of"),
+    ("train.epochs=0", "train.epochs must be > 0, got 0"),
+    ("model.name=cnnn", "unknown model 'cnnn' (did you mean 'cnn'?)"),
+    ("model.params={filter: [1]}", "model 'cnn' has no parameter model.params.filter; did you mean filters"),
+    ("runtime.strategy=tpu", "needs runtime.tpu"),
+    ("epochs", "bad override 'epochs'"),
+])
+def test_bad_overrides_name_the_problem(override, message):
+    with pytest.raises(ConfigError) as error:
+        config_lib.build_config("digits", {}, override)
+    assert message in str(error.value)
+
+
+def test_batch_not_divisible_by_replicas_names_both_numbers():
+    with pytest.raises(ConfigError, match=r"data.batch_size \(30\) must be divisible by the number "
+                                          r"of replicas \(4\)"):
+        config_lib.build_config("digits", {}, "runtime.strategy=mirrored,runtime.cpu_devices=4,"
+                                "data.batch_size=30")
+
+
+def test_missing_config_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="config 'nope' not found.*shipped configs: .*digits"):
+        config_lib.build_config("nope")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [1,\n")
+    with pytest.raises(ConfigError, match="bad.yaml is not valid YAML"):
+        config_lib.build_config(str(bad))
+    unknown_section = tmp_path / "u.yaml"
+    unknown_section.write_text("trainer:\n  epochs: 1\n")
+    with pytest.raises(ConfigError, match="u.yaml: unknown config key 'trainer.epochs'; did you mean train.epochs"):
+        config_lib.build_config(str(unknown_section))
+
+
+def test_params_yaml_round_trip(tmp_path):
+    config = config_lib.build_config("digits", {}, "train.epochs=2,model.params={filters: [4]}")
+    path = tmp_path / "params.yaml"
+    path.write_text(config_lib.to_yaml(config))
+    assert config_lib.from_yaml_file(str(path)) == config
+
+
+def test_user_model_function_is_checked():
+    config = config_lib.build_config("digits", {}, "model.name=tests.user_model:tiny,model.params={units: 4}")
+    assert config.model.name == "tests.user_model:tiny"
+    with pytest.raises(ConfigError, match="no function 'missing'"):
+        config_lib.build_config("digits", {}, "model.name=tests.user_model:missing")

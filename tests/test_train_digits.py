@@ -1,0 +1,55 @@
+"""`tftrain train` end to end on the embedded digits dataset, through the CLI."""
+import json
+import os
+
+import tensorflow as tf
+import yaml
+
+
+def _events(path):
+    return [f for f in tf.io.gfile.listdir(path) if f.startswith("events.out.tfevents")]
+
+
+def test_digits_end_to_end(cli, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)  # the config's data.dir (data/digits) is relative to the cwd
+    run = tmp_path / "run"
+    assert cli("train", f"--model_dir={run}", "--params_override=train.epochs=8") == 0
+    out = capsys.readouterr().out
+    assert f"run directory: {run}" in out and "test split:" in out
+
+    # The dataset was converted the first time it was needed.
+    manifest = json.loads((tmp_path / "data/digits/dataset.json").read_text())
+    assert sum(s["num_examples"] for s in manifest["splits"].values()) == 1797
+    assert set(manifest["splits"]) == {"train", "validation", "test"}
+
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["eval"]["split"] == "test" and summary["eval"]["accuracy"] >= 0.95
+    assert summary["epochs"] == 8 and summary["strategy"] == "one_device"
+    assert summary["num_replicas"] == 1 and summary["examples_per_second"] > 0
+    params = yaml.safe_load((run / "params.yaml").read_text())
+    assert params["train"]["epochs"] == 8 and params["model"]["name"] == "cnn"
+    assert _events(str(run / "logs/train")) and _events(str(run / "logs/validation"))
+    assert tf.io.gfile.glob(str(run / "checkpoints/best*"))
+    assert (run / "export/saved_model.pb").exists()
+    assert not any(name.endswith(".tmp") for name in os.listdir(run))
+
+    # The export evaluates to the same test accuracy through `tftrain evaluate`.
+    assert cli("evaluate", f"--model={run}/export", f"--data={tmp_path}/data/digits", "--split=test") == 0
+    evaluated = json.loads((run / "eval_test.json").read_text())
+    assert abs(evaluated["accuracy"] - summary["eval"]["accuracy"]) < 1e-6
+
+    # A finished run is not silently retrained.
+    assert cli("train", f"--model_dir={run}") == 1
+    assert "holds a finished run" in capsys.readouterr().err
+
+
+def test_new_run_dir_and_mirrored_on_two_cpus(cli, tmp_path, monkeypatch, capsys, digits_dir):
+    monkeypatch.chdir(tmp_path)
+    assert cli("train", "--strategy=mirrored",
+               f"--params_override=runtime.cpu_devices=2,train.epochs=1,data.dir={digits_dir},"
+               "model.params={filters: [8], dense_units: 16}") == 0
+    out = capsys.readouterr().out
+    run = out.split("run directory: ")[1].split()[0]
+    assert run.startswith("runs/digits-")
+    summary = json.loads((tmp_path / run / "summary.json").read_text())
+    assert summary["strategy"] == "mirrored" and summary["num_replicas"] == 2
