@@ -6,14 +6,18 @@ Detection) reads, so the shards interoperate.
 """
 from __future__ import annotations
 
+import io
+
+# A "default" marks a key that other TF tooling does not always write: a foreign TFRecord
+# without it still parses (see `tftrain.data.reader.parse_spec`).
 IMAGE_FEATURES = {
     "image/encoded": {"dtype": "string", "shape": []},
-    "image/format": {"dtype": "string", "shape": []},
-    "image/height": {"dtype": "int64", "shape": []},
-    "image/width": {"dtype": "int64", "shape": []},
+    "image/format": {"dtype": "string", "shape": [], "default": ""},
+    "image/height": {"dtype": "int64", "shape": [], "default": 0},
+    "image/width": {"dtype": "int64", "shape": [], "default": 0},
     "image/class/label": {"dtype": "int64", "shape": []},
-    "image/class/text": {"dtype": "string", "shape": []},
-    "image/filename": {"dtype": "string", "shape": []},
+    "image/class/text": {"dtype": "string", "shape": [], "default": ""},
+    "image/filename": {"dtype": "string", "shape": [], "default": ""},
 }
 
 
@@ -56,3 +60,80 @@ def decode_image_batch(features: dict, height: int, width: int, channels: int):
                        fn_output_signature=tf.TensorSpec([height, width, channels], tf.float32))
     labels = tf.cast(features["image/class/label"], tf.int32)
     return images, labels
+
+
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+_JPEG_STANDALONE = {0x01, *range(0xD0, 0xD8)}  # markers without a length field (TEM, RSTn)
+
+
+def _jpeg_check(data: bytes) -> None:
+    """Walks a JPEG's segments up to the first scan and checks an end-of-image marker follows.
+
+    Entropy-coded data cannot contain 0xFFD9 (0xFF is byte-stuffed), so a JPEG whose bytes stop
+    early has no EOI after its first scan. Bytes after the EOI (camera trailers) are allowed.
+    """
+    from tftrain.errors import BadRow
+
+    pos = 2
+    while True:
+        while pos < len(data) and data[pos] == 0xFF:  # fill bytes before a marker
+            pos += 1
+        if pos >= len(data) or data[pos - 1] != 0xFF:
+            raise BadRow(f"truncated or corrupt JPEG: no valid marker at byte {pos}")
+        marker = data[pos]
+        pos += 1
+        if marker in _JPEG_STANDALONE:
+            continue
+        if marker == 0xD9:
+            raise BadRow("corrupt JPEG: end of image before any scan")
+        if pos + 2 > len(data):
+            raise BadRow(f"truncated JPEG: file ends at byte {len(data)} inside a segment header")
+        pos += int.from_bytes(data[pos:pos + 2], "big")
+        if pos > len(data):
+            raise BadRow(f"truncated JPEG: segment 0xFF{marker:02X} runs past the end of the file "
+                         f"({len(data)} bytes)")
+        if marker == 0xDA:  # start of scan: the compressed image data follows
+            break
+    if data.find(b"\xff\xd9", pos) < 0:
+        raise BadRow(f"truncated JPEG: no end-of-image marker after the image data ({len(data)} bytes)")
+
+
+def probe_image(data: bytes) -> tuple[str, int, int]:
+    """Returns `(format, height, width)` of an encoded JPEG or PNG without decoding its pixels.
+
+    Checks enough structure to catch the usual damage: PNG chunk CRCs up to IEND, JPEG segment
+    lengths and the end-of-image marker. Raises `tftrain.errors.BadRow` naming the problem for an
+    empty file, a file that is not an image, another image format, or a truncated image.
+    """
+    import PIL.Image
+
+    from tftrain.errors import BadRow
+
+    if not data:
+        raise BadRow("empty file")
+    if data.startswith(_PNG_MAGIC):
+        image_format = "png"
+    elif data.startswith(b"\xff\xd8"):
+        image_format = "jpeg"
+    else:
+        try:
+            with PIL.Image.open(io.BytesIO(data)) as image:
+                found = image.format
+        except Exception:  # PIL raises several types for unknown content
+            raise BadRow(f"not an image: unknown content starting with {data[:8]!r}") from None
+        raise BadRow(f"unsupported image format {found} (only JPEG and PNG are kept as they are)")
+    try:
+        with PIL.Image.open(io.BytesIO(data), formats=[image_format.upper()]) as image:
+            width, height = image.size
+            if image_format == "png":
+                image.verify()  # walks every chunk and checks its CRC; does not decompress
+    except PIL.UnidentifiedImageError:
+        raise BadRow(f"truncated or corrupt {image_format.upper()}: its header cannot be read "
+                     f"({len(data)} bytes)") from None
+    except Exception as e:  # truncated/corrupt headers surface as OSError, SyntaxError, struct.error...
+        raise BadRow(f"corrupt {image_format.upper()}: {type(e).__name__}: {e}") from None
+    if image_format == "jpeg":
+        _jpeg_check(data)
+    if width <= 0 or height <= 0:
+        raise BadRow(f"{image_format.upper()} has an empty size {width}x{height}")
+    return image_format, height, width

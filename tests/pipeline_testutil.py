@@ -1,0 +1,35 @@
+"""Helpers for the pipeline tests: convert real files with the writer, read them back with `load`."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pipelines import load_pipeline
+from tftrain.data import load
+from tftrain.data.writer import write_dataset
+from tftrain.errors import BadRow
+
+
+def convert(name: str, source, output, *, num_shards: int = 2, splits=None, **options) -> dict:
+    """Converts `source` with pipeline `name` into `output`; returns the manifest."""
+    return write_dataset(load_pipeline(name, **options), str(source), str(output),
+                         num_shards=num_shards, splits=splits)
+
+
+def load_all(data_dir, split: str, batch_size: int = 64, **kwargs):
+    """Every `(inputs, label)` of a split, in file order, as numpy (inputs may be a dict)."""
+    batches = list(load(str(data_dir), split, batch_size, training=False, **kwargs).as_numpy_iterator())
+    assert batches, f"split {split!r} of {data_dir} is empty"
+    inputs = [b[0] for b in batches]
+    if isinstance(inputs[0], dict):
+        inputs = {k: np.concatenate([x[k] for x in inputs]) for k in inputs[0]}
+    else:
+        inputs = np.concatenate(inputs)
+    return inputs, np.concatenate([b[1] for b in batches])
+
+
+def bad_row_reason(pipeline, row, info) -> str:
+    """The reason `pipeline.encode` rejects `row` with (it must raise BadRow)."""
+    with pytest.raises(BadRow) as raised:
+        pipeline.encode(row, info)
+    return str(raised.value)
