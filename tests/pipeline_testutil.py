@@ -10,7 +10,7 @@ from tftrain.data.writer import write_dataset
 from tftrain.errors import BadRow
 
 
-def convert(name: str, source, output, *, num_shards: int = 2, splits=None, **options) -> dict:
+def convert(name: str, source, output, /, *, num_shards: int = 2, splits=None, **options) -> dict:
     """Converts `source` with pipeline `name` into `output`; returns the manifest."""
     return write_dataset(load_pipeline(name, **options), str(source), str(output),
                          num_shards=num_shards, splits=splits)

@@ -1,0 +1,341 @@
+"""CSV files with a header row: typed feature columns and a label column.
+
+Column types:
+    float, int    numbers (stored as float32 / int64); standardized at decode time with the mean
+                  and standard deviation measured by `prepare`.
+    categorical   a few distinct strings; the vocabulary (most frequent first, at most
+                  `max_categories`) is built by `prepare` and stored in the manifest's `info`;
+                  values outside it share one extra "unknown" slot.
+    string        free text, stored as is (kept in the records, left out of the default decode).
+    ignore        not stored (e.g. an id column).
+Types are inferred from the data (a column whose values are >= 90% numbers is `float`, else
+`categorical` when it has at most `max_categories` distinct values and at most one per two
+rows, else `string`) or declared
+with `columns="age:float,city:categorical,notes:string"`. The label column is `int` (class ids
+as written), `categorical` (class names -> ids in sorted order) or `float` (regression).
+
+Bad rows (skipped and recorded by the converter): a missing or extra field, a value of the
+wrong type, an empty or NaN number unless `allow_nan=true` (then it is imputed with the column
+mean at decode time), an empty or unknown label.
+
+`decode` returns `(x, label)` where `x` is one float32 matrix [batch, info["input_dim"]]:
+standardized numbers followed by one-hot categories, which a plain `Dense` model trains on
+directly. With `output=dict`, `x` is instead a dict of per-column tensors (standardized float32
+numbers, int64 category ids, raw strings) for models with their own preprocessing.
+
+A source is one CSV file, a glob, or a directory of them; all must share the header. Files named
+`train*.csv`, `validation*.csv`, `test*.csv` keep those source splits.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import posixpath
+from collections import Counter
+
+from pipelines.base import BasePipeline, Row
+from pipelines.lookup import TableCache
+from pipelines.options import check_known, get_bool, get_int, get_str
+from pipelines.sources import list_files, source_splits
+from tftrain.errors import BadRow, ConfigError
+
+OPTIONS = ("label_column", "columns", "delimiter", "allow_nan", "max_categories", "output")
+EXTENSIONS = (".csv", ".tsv", ".txt")
+TYPES = ("float", "int", "categorical", "string", "ignore")
+LABEL_TYPES = ("int", "categorical", "float")
+NUMERIC_SHARE = 0.9  # a column is numeric when at least this share of its values are numbers
+_MISSING = {"", "nan", "NaN", "NAN", "NA", "N/A", "null", "None"}
+
+
+def _parse_declared(text: str | None) -> dict[str, str]:
+    declared = {}
+    for part in filter(None, (p.strip() for p in (text or "").split(","))):
+        name, sep, kind = part.rpartition(":")
+        if not sep or not name or kind not in TYPES:
+            raise ConfigError(f"bad column declaration {part!r} in columns={text!r}: write "
+                              f"name:type with type one of {', '.join(TYPES)}.")
+        declared[name] = kind
+    return declared
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None
+
+
+class _ColumnStats:
+    """One streaming pass over a column: numeric share, mean/std (Welford), value counts."""
+
+    def __init__(self, max_categories: int):
+        self.limit = max_categories
+        self.values = self.numbers = self.ints = 0
+        self.max_int = -1  # the largest non-negative integer value
+        self.mean = self.m2 = 0.0
+        self.counts: Counter | None = Counter()
+
+    def add(self, text: str) -> None:
+        if text.strip() in _MISSING:
+            return
+        self.values += 1
+        number = _number(text)
+        if number is not None and math.isfinite(number):
+            self.numbers += 1
+            if number.is_integer() and number >= 0:
+                self.ints += 1
+                self.max_int = max(self.max_int, int(number))
+            delta = number - self.mean
+            self.mean += delta / self.numbers
+            self.m2 += delta * (number - self.mean)
+        if self.counts is not None:
+            self.counts[text] += 1
+            if len(self.counts) > max(self.limit, 1000):  # free text: stop counting
+                self.counts = None
+
+    @property
+    def std(self) -> float:
+        std = math.sqrt(self.m2 / self.numbers) if self.numbers else 0.0
+        return std if std > 1e-12 else 1.0
+
+    def infer(self) -> str:
+        if self.values and self.numbers >= NUMERIC_SHARE * self.values:
+            return "float"
+        distinct = len(self.counts) if self.counts is not None else math.inf
+        if distinct <= self.limit and distinct <= max(2, self.values // 2):  # values repeat
+            return "categorical"
+        return "string"
+
+    def vocabulary(self) -> list[str]:
+        counts = self.counts or Counter()
+        return [v for v, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))][:self.limit]
+
+
+class Pipeline(BasePipeline):
+    """CSV rows -> typed features and a label; see the module docstring."""
+
+    name = "csv"
+    default_splits = {"train": 0.8, "validation": 0.1, "test": 0.1}
+
+    def __init__(self, **options):
+        check_known(options, OPTIONS, self.name)
+        super().__init__(**options)
+        self.label_column = get_str(options, "label_column", "label")
+        self.declared = _parse_declared(get_str(options, "columns"))
+        delimiter = get_str(options, "delimiter")
+        self.delimiter = "\t" if delimiter in ("tab", "\\t") else delimiter  # None: by extension
+        self.allow_nan = get_bool(options, "allow_nan")
+        self.max_categories = get_int(options, "max_categories", 100, minimum=1)
+        self.output = get_str(options, "output", "matrix")
+        if self.output not in ("matrix", "dict"):
+            raise ConfigError(f"pipeline option output={self.output!r} must be matrix or dict.")
+        if self.declared.get(self.label_column, "int") not in LABEL_TYPES:
+            raise ConfigError(f"the label column {self.label_column!r} must be one of "
+                              f"{', '.join(LABEL_TYPES)}, not {self.declared[self.label_column]!r}.")
+        self._tables = TableCache()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _rows(self, path: str):
+        """Yields (line number, header, fields) of one CSV file, streaming."""
+        import tensorflow as tf
+
+        with tf.io.gfile.GFile(path, "r") as f:
+            delimiter = self.delimiter or ("\t" if path.lower().endswith(".tsv") else ",")
+            reader = csv.reader(f, delimiter=delimiter)
+            header = next(reader, None)
+            if not header:
+                raise ConfigError(f"CSV file {path} is empty: expected a header row.")
+            header[0] = header[0].lstrip("\ufeff")
+            yield 1, header, None
+            for fields in reader:
+                if fields:
+                    yield reader.line_num, header, fields
+
+    def prepare(self, source):
+        paths = list_files(source, EXTENSIONS, "CSV")
+        header, stats, rows = None, None, 0
+        for path in paths:
+            for line, file_header, fields in self._rows(path):
+                if fields is None:
+                    if header is None:
+                        header = self._check_header(file_header, path)
+                        stats = {name: _ColumnStats(self.max_categories) for name in header}
+                    elif file_header != header:
+                        raise ConfigError(f"CSV file {path} has header {file_header}, but "
+                                          f"{paths[0]} has {header}: all files must share one header.")
+                    continue
+                rows += 1
+                for name, text in zip(header, fields):
+                    stats[name].add(text)
+        if not rows:
+            raise ConfigError(f"no data rows found in {source!r} (only a header).")
+        return self._info(header, stats, paths)
+
+    def _check_header(self, header: list[str], path: str) -> list[str]:
+        if len(set(header)) != len(header) or not all(header):
+            raise ConfigError(f"CSV header of {path} has empty or repeated column names: {header}.")
+        if self.label_column not in header:
+            raise ConfigError(f"label column {self.label_column!r} is not in the header of {path} "
+                              f"({', '.join(header)}); pass --pipeline_options=label_column=NAME.")
+        unknown = sorted(set(self.declared) - set(header))
+        if unknown:
+            raise ConfigError(f"declared column(s) {', '.join(unknown)} are not in the header of "
+                              f"{path} ({', '.join(header)}).")
+        return header
+
+    def _info(self, header, stats, paths) -> dict:
+        columns = []
+        input_dim = 0
+        for name in header:
+            if name == self.label_column:
+                continue
+            kind = self.declared.get(name) or stats[name].infer()
+            column = {"name": name, "type": kind}
+            if kind in ("float", "int"):
+                column.update(mean=stats[name].mean, std=stats[name].std)
+                input_dim += 1
+            elif kind == "categorical":
+                column["vocabulary"] = stats[name].vocabulary()
+                input_dim += len(column["vocabulary"]) + 1  # + the unknown slot
+            columns.append(column)
+        label_stats = stats[self.label_column]
+        label_type = self.declared.get(self.label_column)
+        if label_type is None:
+            kind = label_stats.infer()
+            label_type = ("int" if label_stats.ints >= NUMERIC_SHARE * label_stats.values else "float") \
+                if kind == "float" else "categorical"
+        label = {"name": self.label_column, "type": label_type}
+        info = {"header": header, "columns": columns, "label": label, "input_dim": input_dim}
+        if label_type == "categorical":
+            label["class_names"] = sorted(label_stats.counts or ())
+            if not label["class_names"] or label_stats.counts is None:
+                raise ConfigError(f"label column {self.label_column!r} has no values or too many "
+                                  "distinct ones for class names; declare its type with columns=.")
+            info.update(class_names=label["class_names"], num_classes=len(label["class_names"]))
+        elif label_type == "int":
+            info["num_classes"] = label_stats.max_int + 1
+        return info
+
+    def read(self, source, info, worker=0, num_workers=1):
+        paths = list_files(source, EXTENSIONS, "CSV")
+        splits = source_splits(paths)
+        index = 0
+        for path in paths:
+            for line, _, fields in self._rows(path):
+                if fields is None:
+                    continue
+                if index % num_workers == worker:
+                    yield Row(key=f"{posixpath.basename(path)}:{line}", value=fields, split=splits[path])
+                index += 1
+
+    # -- encoding ------------------------------------------------------------------------------
+
+    def features(self, info):
+        dtypes = {"float": "float32", "int": "int64", "categorical": "string", "string": "string"}
+        schema = {c["name"]: {"dtype": dtypes[c["type"]], "shape": []}
+                  for c in info["columns"] if c["type"] != "ignore"}
+        label_dtype = "float32" if info["label"]["type"] == "float" else "int64"
+        schema[info["label"]["name"]] = {"dtype": label_dtype, "shape": []}
+        return schema
+
+    def encode(self, row, info):
+        import tensorflow as tf
+
+        header, fields = info["header"], row.value
+        if len(fields) != len(header):
+            missing = header[len(fields):]
+            raise BadRow(f"missing column(s) {', '.join(missing)}: the row has {len(fields)} fields, "
+                         f"the header {len(header)}" if missing else
+                         f"the row has {len(fields)} fields, more than the {len(header)} in the header")
+        values = dict(zip(header, fields))
+        feature = {}
+        for column in info["columns"]:
+            name, kind = column["name"], column["type"]
+            if kind == "ignore":
+                continue
+            text = values[name]
+            if kind in ("float", "int"):
+                number = self._number(name, text, kind)
+                feature[name] = (tf.train.Feature(float_list=tf.train.FloatList(value=[number]))
+                                 if kind == "float" else
+                                 tf.train.Feature(int64_list=tf.train.Int64List(value=[int(number)])))
+            else:
+                feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode()]))
+        feature[info["label"]["name"]] = self._label(values[info["label"]["name"]], info)
+        return tf.train.Example(features=tf.train.Features(feature=feature))
+
+    def _number(self, name: str, text: str, kind: str) -> float:
+        if text.strip() in _MISSING:
+            if self.allow_nan and kind == "float":
+                return math.nan
+            raise BadRow(f"column {name!r}: missing value {text!r} (pass allow_nan=true to impute "
+                         "float columns)")
+        number = _number(text)
+        if number is None:
+            raise BadRow(f"column {name!r}: {text!r} is not a number")
+        if not math.isfinite(number):
+            raise BadRow(f"column {name!r}: {text!r} is not a finite number")
+        if kind == "int" and not number.is_integer():
+            raise BadRow(f"column {name!r}: {text!r} is not an integer")
+        return number
+
+    def _label(self, text: str, info: dict):
+        import tensorflow as tf
+
+        label = info["label"]
+        if not text.strip():
+            raise BadRow(f"empty label in column {label['name']!r}")
+        if label["type"] == "float":
+            value = _number(text)
+            if value is None or not math.isfinite(value):
+                raise BadRow(f"label {text!r} in column {label['name']!r} is not a finite number")
+            return tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
+        if label["type"] == "categorical":
+            if text not in label["class_names"]:
+                raise BadRow(f"label {text!r} is not one of the {len(label['class_names'])} classes")
+            value = label["class_names"].index(text)
+        else:
+            if not _is_class_id(text) or int(float(text)) >= info["num_classes"]:
+                raise BadRow(f"label {text!r} in column {label['name']!r} is not a class id in "
+                             f"0..{info['num_classes'] - 1}")
+            value = int(float(text))
+        return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+
+    # -- decoding ------------------------------------------------------------------------------
+
+    def decode(self, features, info):
+        import tensorflow as tf
+
+        inputs = {}
+        for column in info["columns"]:
+            name, kind = column["name"], column["type"]
+            if kind in ("float", "int"):
+                x = (tf.cast(features[name], tf.float32) - column["mean"]) / column["std"]
+                inputs[name] = tf.where(tf.math.is_nan(x), tf.zeros_like(x), x)  # NaN -> the mean
+            elif kind == "categorical":
+                vocabulary = column["vocabulary"]
+                table = self._tables.get(name, vocabulary, 0, len(vocabulary))
+                inputs[name] = table.lookup(features[name])
+            elif kind == "string":
+                inputs[name] = features[name]
+        label_column = info["label"]
+        label = features[label_column["name"]]
+        label = tf.cast(label, tf.float32 if label_column["type"] == "float" else tf.int32)
+        if self.output == "dict":
+            return inputs, label
+        parts = []
+        for column in info["columns"]:
+            if column["type"] in ("float", "int"):
+                parts.append(inputs[column["name"]][:, None])
+            elif column["type"] == "categorical":
+                parts.append(tf.one_hot(inputs[column["name"]], len(column["vocabulary"]) + 1))
+        if not parts:
+            raise ConfigError("the CSV dataset has no numeric or categorical columns to build a "
+                              "matrix from; decode with --pipeline_options=output=dict.")
+        return tf.concat(parts, axis=1), label
+
+
+def _is_class_id(text: str) -> bool:
+    number = _number(text)
+    return number is not None and math.isfinite(number) and number.is_integer() and number >= 0
