@@ -21,6 +21,8 @@ COMMANDS = {
     "inspect": "Show a TFRecord dataset's schema, splits and labels; --verify checks every record.",
     "train": "Train a model from a YAML experiment config (strategy, data, model, fit, export).",
     "evaluate": "Evaluate a SavedModel or .tflite model on a dataset split.",
+    "prune": "Prune a trained model (magnitude, m:n) and measure it against the float model.",
+    "quantize": "Quantize to TFLite (dynamic, int8, float16, qat), evaluated and gated on accuracy.",
 }
 
 HELP_ARGS = ("-h", "--help", "-?", "--helpshort")

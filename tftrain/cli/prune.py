@@ -1,0 +1,46 @@
+"""Prune a trained model: fine-tune a clone with magnitude pruning, measured against the float model.
+
+Runs under the run's own strategy, data and optimizer (its params.yaml); writes RUN/pruned/ (a
+SavedModel, float.tflite and model.tflite) and RUN/pruned/report.json (per-layer and overall
+sparsity, parameter counts, gzip sizes and accuracy before/after on the evaluation split), then
+prints the comparison table. Exits non-zero if a pruned layer misses the target sparsity.
+Example: tftrain prune --model_dir=runs/demo --target_sparsity=0.8 --epochs=2
+"""
+from absl import flags
+
+from tftrain.cli.common import require, use_flags
+
+FLAGS = flags.FLAGS
+use_flags(__name__, "model_dir", "strategy", "split")
+flags.DEFINE_float("target_sparsity", 0.8, "Fraction of each pruned kernel set to zero, in (0, 1).")
+flags.DEFINE_string("sparsity_m_by_n", "", "Structured sparsity instead of a fraction: M:N keeps "
+                    "at most N-M non-zeros in every N consecutive input-channel weights, e.g. 2:4.")
+flags.DEFINE_integer("epochs", 2, "Fine-tuning epochs (mask updates are spread over them).")
+flags.DEFINE_enum("pruning_schedule", "polynomial", ["polynomial", "constant"],
+                  "Sparsity ramp: polynomial (0 -> target over 2/3 of the steps) or constant.")
+flags.DEFINE_float("learning_rate", None, "Fine-tuning learning rate (default: the run's "
+                   "train.learning_rate).")
+
+
+def main(argv):
+    from tftrain.errors import ConfigError
+
+    if len(argv) > 1:
+        raise ConfigError(f"unexpected arguments {argv[1:]}: every option is a --flag")
+    require("model_dir")
+    from tftrain.optimize import prune, runs  # starts TensorFlow: only after the flags are valid
+
+    prune.check_target_sparsity(FLAGS.target_sparsity)
+    prune.parse_m_by_n(FLAGS.sparsity_m_by_n)
+    summary = runs.prune_run(
+        FLAGS.model_dir, target_sparsity=FLAGS.target_sparsity, m_by_n=FLAGS.sparsity_m_by_n,
+        epochs=FLAGS.epochs, schedule=FLAGS.pruning_schedule, learning_rate=FLAGS.learning_rate,
+        split=FLAGS.split, strategy_name=FLAGS.strategy)
+    from tftrain.optimize import report
+
+    print(f"sparsity {summary['sparsity']:.1%}, accuracy {summary['accuracy_before']:.4f} -> "
+          f"{summary['accuracy_after']:.4f}, gzip {summary['gzip_bytes_before']} -> "
+          f"{summary['gzip_bytes_after']} bytes ({summary['gzip_ratio']:.2f}x)")
+    print(report.demo_table(FLAGS.model_dir))
+    print(f"pruned model and report in {FLAGS.model_dir}/pruned")
+    return 0

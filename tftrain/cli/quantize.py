@@ -1,0 +1,56 @@
+"""Quantize a trained (or pruned) model to TFLite and measure it against the float model.
+
+Modes: dynamic (int8 weights), int8 (int8 weights and activations, calibrated on the training
+split), float16 (float16 weights), qat (quantization-aware fine-tuning, then int8; on a pruned
+model it keeps the sparsity). Several modes: --mode=int8,float16. Each model is written to
+RUN/quantized/model_<mode>.tflite (model_pruned_<mode> with --source=pruned) and evaluated with
+the LiteRT interpreter on the evaluation split next to the float .tflite; the report goes to
+RUN/quantized/report_<mode>.json and report.json. Exits non-zero (keeping the reports) when the
+accuracy drop exceeds --max_accuracy_drop. Prints the float / pruned / quantized table.
+Example: tftrain quantize --model_dir=runs/demo --mode=int8,float16
+"""
+from absl import flags
+
+from tftrain.cli.common import require, use_flags
+
+FLAGS = flags.FLAGS
+use_flags(__name__, "model_dir", "strategy", "split")
+flags.DEFINE_list("mode", None, "dynamic, int8, float16 or qat; a comma-separated list runs each.")
+flags.DEFINE_enum("source", "export", ["export", "pruned"],
+                  "Which model of the run: export/ (trained) or pruned/ (from tftrain prune).")
+flags.DEFINE_float("max_accuracy_drop", 0.01, "Largest accepted accuracy drop versus the float "
+                   ".tflite (0.01 = one point).")
+flags.DEFINE_bool("int8_io", False, "int8/qat: int8 model inputs and outputs instead of float.")
+flags.DEFINE_integer("num_calibration_examples", 100, "int8: training examples used to "
+                     "calibrate activation ranges.")
+flags.DEFINE_integer("qat_epochs", 1, "qat: quantization-aware fine-tuning epochs.")
+flags.DEFINE_float("qat_learning_rate", None, "qat: learning rate (default: the run's).")
+flags.DEFINE_integer("tflite_threads", 1, "Interpreter threads for evaluation and latency.")
+
+
+def main(argv):
+    from tftrain.errors import ConfigError, TftrainError
+
+    if len(argv) > 1:
+        raise ConfigError(f"unexpected arguments {argv[1:]}: every option is a --flag")
+    require("model_dir", "mode")
+    from tftrain.optimize import quantize, report, runs  # starts TensorFlow
+
+    modes = [quantize.check_mode(mode.strip()) for mode in FLAGS.mode]
+    try:
+        reports = runs.quantize_run(
+            FLAGS.model_dir, modes, source=FLAGS.source, max_accuracy_drop=FLAGS.max_accuracy_drop,
+            int8_io=FLAGS.int8_io, qat_epochs=FLAGS.qat_epochs,
+            qat_learning_rate=FLAGS.qat_learning_rate,
+            num_calibration_examples=FLAGS.num_calibration_examples, split=FLAGS.split,
+            strategy_name=FLAGS.strategy, num_threads=FLAGS.tflite_threads)
+    except TftrainError:
+        if report.comparison_rows(FLAGS.model_dir):  # the gate failed: show what was measured
+            print(report.demo_table(FLAGS.model_dir), flush=True)
+        raise
+    print(report.demo_table(FLAGS.model_dir))
+    for r in reports:
+        print(f"{r['mode']}: {r['tflite_path']} accuracy {r['accuracy']:.4f} (float "
+              f"{r['float_accuracy']:.4f}), {r['tflite_bytes']} bytes ({r['size_ratio']:.2f}x), "
+              f"{r['latency_ms']:.4f} ms/example ({r['latency_ratio']:.2f}x)")
+    return 0

@@ -1,0 +1,231 @@
+"""`tftrain prune` and `tftrain quantize` over a run directory, under the run's own config.
+
+Both read the run's `params.yaml` (strategy, data, batch size, optimizer), load `export/` (or
+`pruned/`), measure every result against the float model on the evaluation split, and write a
+report before any gate can fail, so a failed run still leaves its numbers behind.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import tensorflow as tf
+from absl import logging
+
+from tftrain import config as config_lib
+from tftrain import data as data_lib
+from tftrain import distribute, run_dir, train
+from tftrain.data import manifest as manifest_lib
+from tftrain.errors import ConfigError, TftrainError
+from tftrain.fileio import join, write_json
+from tftrain.optimize import metrics, prune, quantize, report, sizes, tflite_eval
+from tftrain.optimize.keras_model import load_keras_model
+
+SOURCES = ("export", "pruned")
+
+
+def load_run_config(model_dir: str, strategy_name: str | None = None) -> config_lib.Config:
+    """The resolved config of a finished run (`params.yaml`), optionally with another strategy."""
+    params = join(model_dir, run_dir.PARAMS)
+    if not tf.io.gfile.exists(params):
+        raise TftrainError(f"{model_dir} is not a tftrain run directory (no {run_dir.PARAMS}); "
+                           "pass the --model_dir of a `tftrain train` run.")
+    config = config_lib.from_yaml_file(params)
+    if strategy_name:
+        config.runtime.strategy = strategy_name
+        config_lib.validate(config)
+    return config
+
+
+def model_path(model_dir: str, source: str = "export") -> str:
+    """The SavedModel of `source` (`export` or `pruned`), which must exist."""
+    if source not in SOURCES:
+        raise ConfigError(f"--source={source!r}: choose export (the trained model) or pruned")
+    path = join(model_dir, run_dir.EXPORT if source == "export" else report.PRUNED)
+    if not tf.io.gfile.exists(join(path, "saved_model.pb")):
+        how = ("the run has not finished: train it with `tftrain train --model_dir=...`"
+               if source == "export" else f"prune it first: tftrain prune --model_dir={model_dir}")
+        raise TftrainError(f"no {source} model in {model_dir} ({path}/saved_model.pb is missing); "
+                           f"{how}.")
+    return path
+
+
+def _strategy(config: config_lib.Config):
+    strategy = distribute.create_strategy(config.runtime)
+    config_lib.check_divisible(config.data.batch_size, strategy.num_replicas_in_sync)
+    return strategy
+
+
+def _eval_data(config: config_lib.Config, split: str | None):
+    split = split or config.data.test_split
+    return split, data_lib.load(config.data.dir, split, config.data.batch_size, training=False)
+
+
+def _optimizer_fn(config: config_lib.Config, learning_rate: float | None):
+    train_config = config.train
+    if learning_rate:
+        train_config = dataclasses.replace(train_config, learning_rate=learning_rate)
+    return lambda: train.make_optimizer(train_config)
+
+
+def _tflite_measure(content: bytes, path: str, eval_data, num_threads: int,
+                    max_examples: int | None) -> dict:
+    """Writes a .tflite and measures it with the interpreter on the evaluation data."""
+    sizes.write_bytes(path, content)
+    result = tflite_eval.evaluate_tflite(content, eval_data, num_threads=num_threads,
+                                         max_examples=max_examples)
+    return {"path": path, **result}
+
+
+def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | None = None,
+              epochs: int = 2, schedule: str = "polynomial", learning_rate: float | None = None,
+              split: str | None = None, strategy_name: str | None = None, num_threads: int = 1,
+              max_eval_examples: int | None = None, strategy=None) -> dict:
+    """Prunes `model_dir/export` under the run's strategy, data and optimizer; writes `pruned/`.
+
+    Returns the report also written to `pruned/report.json`. Raises `TftrainError` after writing
+    it when a pruned layer missed its target sparsity (or its m:n structure).
+    """
+    prune.check_target_sparsity(target_sparsity)
+    structure = prune.parse_m_by_n(m_by_n)
+    if epochs < 1:
+        raise ConfigError(f"--epochs={epochs}: pruning needs at least one fine-tuning epoch")
+    config = load_run_config(model_dir, strategy_name)
+    source = model_path(model_dir, "export")
+    # The strategy comes first: no TensorFlow op may run before it is built.
+    strategy = strategy or _strategy(config)
+    manifest = manifest_lib.read(config.data.dir)
+    train_data, steps_per_epoch = train.make_train_dataset(config, manifest, strategy)
+    split, eval_data = _eval_data(config, split)
+
+    model = load_keras_model(source)
+    before = prune.sparsity_report(model)
+    accuracy_before = metrics.keras_accuracy(model, eval_data)
+    result = prune.prune_model(
+        model, train_data, steps_per_epoch=steps_per_epoch, epochs=epochs,
+        target_sparsity=target_sparsity, m_by_n=structure, schedule=schedule,
+        optimizer_fn=_optimizer_fn(config, learning_rate), strategy=strategy,
+        verbose=2 if logging.level_info() else 0)
+    after = prune.sparsity_report(result.model, result.pruned_weights, structure)
+    accuracy_after = metrics.keras_accuracy(result.model, eval_data)
+
+    out = join(model_dir, report.PRUNED)
+    train.export(result.model, out)
+    measure = lambda model, name: _tflite_measure(  # noqa: E731
+        quantize.convert(model, "float"), join(out, name), eval_data, num_threads,
+        max_eval_examples)
+    summary = {
+        "source": source, "split": split, "strategy": distribute.strategy_name(strategy),
+        "num_replicas": strategy.num_replicas_in_sync,
+        "target_sparsity": None if structure else target_sparsity,
+        "sparsity_m_by_n": m_by_n or None, "schedule": dataclasses.asdict(result.schedule),
+        "epochs": epochs, "steps_per_epoch": steps_per_epoch,
+        "learning_rate": learning_rate or config.train.learning_rate,
+        "sparsity": after["sparsity"], "sparsity_before": before["sparsity"],
+        "num_params": after["num_params"], "pruned_params": after["pruned_params"],
+        "nonzero_params_before": before["nonzero_params"],
+        "nonzero_params_after": after["nonzero_params"],
+        "gzip_bytes_before": sizes.gzip_weights_bytes(model),
+        "gzip_bytes_after": sizes.gzip_weights_bytes(result.model),
+        "accuracy_before": accuracy_before, "accuracy_after": accuracy_after,
+        "accuracy_drop": accuracy_before - accuracy_after,
+        "unsupported_layers": result.unsupported_layers,
+        "layers": after["layers"],
+        "float_tflite": measure(model, "float.tflite"),
+        "tflite": measure(result.model, "model.tflite"),
+    }
+    summary["gzip_ratio"] = summary["gzip_bytes_after"] / summary["gzip_bytes_before"]
+    summary["problems"] = prune.check_sparsity_reached(after, target_sparsity, structure)
+    write_json(join(out, report.REPORT), summary)
+    logging.info("pruned model and report in %s", out)
+    if summary["problems"] and not structure:
+        raise TftrainError(f"pruning missed its target ({'; '.join(summary['problems'])}); the "
+                           f"report is in {out}/{report.REPORT}. Fine-tune longer (--epochs).")
+    return summary
+
+
+def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
+                 max_accuracy_drop: float = 0.01, int8_io: bool = False, qat_epochs: int = 1,
+                 qat_learning_rate: float | None = None, num_calibration_examples: int = 100,
+                 split: str | None = None, strategy_name: str | None = None,
+                 num_threads: int = 1, max_eval_examples: int | None = None,
+                 strategy=None) -> list[dict]:
+    """Quantizes `model_dir`'s `source` model in each of `modes`; writes `quantized/`.
+
+    Every .tflite (and the float conversion of the same source, the reference) is evaluated with
+    the interpreter on the evaluation split. Returns the reports; raises `TftrainError` after
+    writing them when any accuracy drop exceeds `max_accuracy_drop`.
+    """
+    for mode in modes:
+        quantize.check_mode(mode)
+    if not modes:
+        raise ConfigError("--mode is empty: give dynamic, int8, float16 or qat")
+    if max_accuracy_drop < 0:
+        raise ConfigError(f"--max_accuracy_drop={max_accuracy_drop} must be >= 0")
+    config = load_run_config(model_dir, strategy_name)
+    path = model_path(model_dir, source)
+    if "qat" in modes and strategy is None:
+        strategy = _strategy(config)  # first: no TensorFlow op may run before it is built
+    split, eval_data = _eval_data(config, split)
+    model = load_keras_model(path)
+    out = join(model_dir, report.QUANTIZED)
+    tf.io.gfile.makedirs(out)
+
+    reference = _tflite_measure(
+        quantize.convert(model, "float"),
+        join(out, f"model_{report.model_name('float', source)}.tflite"), eval_data, num_threads,
+        max_eval_examples)
+    reports, failures = [], []
+    for mode in modes:
+        float_layers = None
+        to_convert = model
+        if mode == "qat":
+            manifest = manifest_lib.read(config.data.dir)
+            train_data, steps_per_epoch = train.make_train_dataset(config, manifest, strategy)
+            to_convert, float_layers = quantize.quantization_aware_training(
+                model, train_data, steps_per_epoch=steps_per_epoch, epochs=qat_epochs,
+                preserve_sparsity=source == "pruned",
+                optimizer_fn=_optimizer_fn(config, qat_learning_rate), strategy=strategy,
+                verbose=2 if logging.level_info() else 0)
+        calibration = None
+        if mode == "int8":
+            calibration = data_lib.load(config.data.dir, config.data.train_split,
+                                        config.data.batch_size, training=True,
+                                        seed=config.train.seed)
+        content = quantize.convert(to_convert, mode, representative_data=calibration,
+                                   num_calibration_examples=num_calibration_examples,
+                                   int8_io=int8_io and mode in ("int8", "qat"))
+        measured = _tflite_measure(
+            content, join(out, f"model_{report.model_name(mode, source)}.tflite"), eval_data,
+            num_threads, max_eval_examples)
+        drop = reference["accuracy"] - measured["accuracy"]
+        entry = {
+            "mode": mode, "source": source, "model": path, "split": split,
+            "tflite_path": measured["path"], "tflite_bytes": measured["tflite_bytes"],
+            "gzip_bytes": measured["gzip_bytes"], "accuracy": measured["accuracy"],
+            "latency_ms": measured["latency_ms"], "num_examples": measured["num_examples"],
+            "float_tflite_path": reference["path"],
+            "float_tflite_bytes": reference["tflite_bytes"],
+            "float_gzip_bytes": reference["gzip_bytes"],
+            "float_accuracy": reference["accuracy"], "float_latency_ms": reference["latency_ms"],
+            "accuracy_drop": drop, "max_accuracy_drop": max_accuracy_drop,
+            "size_ratio": measured["tflite_bytes"] / reference["tflite_bytes"],
+            "latency_ratio": measured["latency_ms"] / reference["latency_ms"],
+            "int8_io": bool(int8_io and mode in ("int8", "qat")),
+            "passed": drop <= max_accuracy_drop + 1e-9,
+        }
+        if mode == "int8":
+            entry["num_calibration_examples"] = num_calibration_examples
+        if float_layers is not None:
+            entry["float_layers"] = float_layers
+            entry["qat_epochs"] = qat_epochs
+        report_path = report.write_quantized_report(model_dir, entry)
+        reports.append(entry)
+        if not entry["passed"]:
+            failures.append(
+                f"{report.model_name(mode, source)}: accuracy {entry['accuracy']:.4f} vs float "
+                f"{entry['float_accuracy']:.4f} (drop {drop:.4f} > --max_accuracy_drop="
+                f"{max_accuracy_drop}); report kept at {report_path}")
+    logging.info("quantized models and reports in %s", out)
+    if failures:
+        raise TftrainError("quantization lost too much accuracy: " + "; ".join(failures))
+    return reports
