@@ -1,8 +1,21 @@
 """Convert a raw dataset into sharded TFRecord files with a dataset.json manifest.
 
-Example: tftrain convert --pipeline=image_folder --input=photos/ --output=data/photos
-         --splits=train:0.8,validation:0.1,test:0.1
+Worker processes (--workers, default all cores) each read their own share of the rows and write
+their own shards; rows the pipeline rejects are skipped and listed in bad_rows.jsonl. The output
+becomes a dataset only when dataset.json is written, last.
+
+Examples:
+  tftrain convert --pipeline=image_folder --input=photos/ --output=data/photos \\
+      --splits=train:0.8,validation:0.1,test:0.1
+  tftrain convert --pipeline=csv --input=table.csv --output=data/table \\
+      --pipeline_options=label_column=species
+  tftrain convert --pipeline=digits --output=data/digits --runner=beam \\
+      --beam_options='--runner=DirectRunner --direct_num_workers=2'
 """
+from __future__ import annotations
+
+import re
+
 from absl import flags
 
 from tftrain.cli.common import require, use_flags
@@ -13,22 +26,68 @@ flags.DEFINE_string("pipeline", None, "Dataset kind: digits, image_folder, csv, 
                     "or an importable module of your own (my_pkg.my_data).")
 flags.DEFINE_string("input", "", "Raw input: a directory, file or TFDS name, as the pipeline expects.")
 flags.DEFINE_string("output", None, "Output dataset directory (gs:// works).")
-flags.DEFINE_string("splits", None, "Split fractions, e.g. train:0.8,validation:0.1,test:0.1; "
-                    "default: the source's own splits.")
-flags.DEFINE_integer("num_shards", 1, "Shards per split.")
+flags.DEFINE_string("splits", None, "Split fractions, e.g. train:0.8,validation:0.1,test:0.1, "
+                    "assigned from a hash of each row's key; default: the source's own splits.")
+flags.DEFINE_string("pipeline_options", "", "Pipeline options as key=value,key=value (a value may "
+                    "contain commas: columns=a,b,label_column=y).")
+flags.DEFINE_integer("workers", 0, "Worker processes, each writing its own shards; 0: all cores "
+                     "(1 for a small input).")
+flags.DEFINE_integer("num_shards", None, "Shards per split (default: from --shard_size_mb).")
+flags.DEFINE_float("shard_size_mb", None, "Target shard size in MB (default 150), estimated from "
+                   "the input; at least one shard per worker.")
+flags.DEFINE_float("max_bad_fraction", 0.01, "Fail (and leave no dataset) when more than this "
+                   "fraction of the rows are bad.")
 flags.DEFINE_integer("seed", 0, "Seed for spreading examples over shards.")
+flags.DEFINE_enum("runner", "local", ["local", "beam"], "local: worker processes on this machine; "
+                  "beam: an Apache Beam pipeline (pip install 'tftrain[beam]').")
+flags.DEFINE_string("beam_options", "", "Beam pipeline options for --runner=beam, e.g. "
+                    "'--runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp'.")
+
+_OPTION_START = re.compile(r",\s*(?=[A-Za-z_][\w.-]*\s*=)")
+
+
+def parse_pipeline_options(text: str) -> dict[str, str]:
+    """Parses 'a=1,b=x,y' into {'a': '1', 'b': 'x,y'}: a comma starts an option only before `key=`."""
+    from tftrain.errors import ConfigError
+
+    options: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in _OPTION_START.split(text or ""))):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"bad pipeline option {part!r} in --pipeline_options={text!r}: write "
+                              "key=value,key=value.")
+        if key in options:
+            raise ConfigError(f"pipeline option {key!r} is given twice in --pipeline_options={text!r}.")
+        options[key] = value.strip()
+    return options
 
 
 def main(argv):
     require("pipeline", "output")
     from pipelines import load_pipeline
     from tftrain.data.splits import parse_splits
-    from tftrain.data.writer import write_dataset
 
     splits = parse_splits(FLAGS.splits) if FLAGS.splits else None
-    manifest = write_dataset(load_pipeline(FLAGS.pipeline), FLAGS.input, FLAGS.output,
-                             splits=splits, num_shards=FLAGS.num_shards, seed=FLAGS.seed,
-                             overwrite=FLAGS.overwrite)
-    counts = ", ".join(f"{k}={v['num_examples']}" for k, v in manifest["splits"].items())
-    print(f"wrote {FLAGS.output}: {counts}; {manifest['bad_rows']['count']} bad rows skipped")
+    pipeline = load_pipeline(FLAGS.pipeline, **parse_pipeline_options(FLAGS.pipeline_options))
+    kwargs = dict(splits=splits, num_shards=FLAGS.num_shards, shard_size_mb=FLAGS.shard_size_mb,
+                  seed=FLAGS.seed, overwrite=FLAGS.overwrite,
+                  max_bad_fraction=FLAGS.max_bad_fraction)
+    if FLAGS.runner == "beam":
+        from tftrain.data.beam_writer import write_dataset_beam
+
+        manifest = write_dataset_beam(pipeline, FLAGS.input, FLAGS.output,
+                                      beam_options=FLAGS.beam_options, **kwargs)
+    else:
+        from tftrain.data.writer import write_dataset
+
+        if FLAGS.beam_options:
+            from tftrain.errors import ConfigError
+
+            raise ConfigError("--beam_options is only used with --runner=beam.")
+        manifest = write_dataset(pipeline, FLAGS.input, FLAGS.output,
+                                 workers=FLAGS.workers or None, **kwargs)
+    from tftrain.data.writer import summary_line
+
+    print(summary_line(FLAGS.output, manifest))
     return 0

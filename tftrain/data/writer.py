@@ -1,12 +1,21 @@
-"""Writes a pipeline's rows as sharded TFRecord files with a manifest.
+"""`write_dataset`: converts a pipeline's rows into sharded TFRecord files with a manifest.
 
-Output is atomic: every shard is written under a temporary name and renamed when complete, and
-`dataset.json` is written last, so an interrupted conversion never leaves a directory that a
-reader would accept.
+Steps: refuse to replace a complete dataset (unless `overwrite`) and clear leftovers of an
+interrupted run; `pipeline.prepare`; a first look at the rows (`shard_plan.take_sample`) to
+size the shards; W worker processes (spawned: TensorFlow is not fork-safe), each reading its
+own share of the rows and writing its own shards (`shard_worker`); then `bad_rows.jsonl` and,
+last, `dataset.json`. Every shard is written under a temporary name and renamed when complete,
+and the manifest comes last, so an interrupted conversion (Ctrl-C, kill -9, a failed worker)
+never leaves a directory that a reader accepts; the rerun clears what it left and completes.
 """
 from __future__ import annotations
 
+import multiprocessing
+import os
+import queue as queue_lib
+import re
 import time
+import uuid
 
 import tensorflow as tf
 from absl import logging
@@ -14,9 +23,15 @@ from absl import logging
 import tftrain
 from pipelines import BasePipeline
 from tftrain.data import manifest as manifest_lib
-from tftrain.data.splits import assign_shard, assign_split
-from tftrain.errors import BadRow, DataError, TftrainError
-from tftrain.fileio import file_sha256, join
+from tftrain.data import shard_plan, shard_worker
+from tftrain.data.progress import Progress
+from tftrain.errors import ConfigError, DataError, TftrainError
+from tftrain.fileio import join
+
+BAD_ROWS_NAME = "bad_rows.jsonl"
+_LEFTOVER = re.compile(r"^(\..*\.tmp-[0-9a-f]+|[\w.-]+-\d{5}-of-\d{5}\.tfrecord|"
+                       + re.escape(BAD_ROWS_NAME) + r"|" + re.escape(manifest_lib.MANIFEST_NAME)
+                       + r"\.tmp-\d+)$")
 
 
 def prepare_output_dir(output_dir: str, overwrite: bool) -> None:
@@ -28,69 +43,270 @@ def prepare_output_dir(output_dir: str, overwrite: bool) -> None:
         # The manifest goes first: from here on the directory is not a dataset until rewritten.
         tf.io.gfile.remove(join(output_dir, manifest_lib.MANIFEST_NAME))
     tf.io.gfile.makedirs(output_dir)
+    remove_outputs(output_dir)
+
+
+def remove_outputs(output_dir: str) -> None:
+    """Removes shards, temporary files and bad_rows.jsonl that a conversion writes (not others)."""
     for name in tf.io.gfile.listdir(output_dir):
-        if name.endswith(".tfrecord") or ".tmp" in name or name == "bad_rows.jsonl":
+        if _LEFTOVER.match(name.rstrip("/")):
             tf.io.gfile.remove(join(output_dir, name))
 
 
 def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
-                  splits: dict[str, float] | None = None, num_shards: int = 1, seed: int = 0,
-                  overwrite: bool = False) -> dict:
+                  splits: dict[str, float] | None = None, num_shards: int | None = None,
+                  shard_size_mb: float | None = None, workers: int | None = None, seed: int = 0,
+                  overwrite: bool = False, max_bad_fraction: float = 0.01,
+                  progress: bool = True) -> dict:
     """Converts `source` with `pipeline` into `output_dir`; returns the manifest.
 
     Rows keep their source split unless `splits` (name -> fraction) is given; rows without one
-    use `pipeline.default_splits`. Each split gets `num_shards` shards.
+    use `pipeline.default_splits`. Shards per split: `num_shards`, or sized to about
+    `shard_size_mb` (default 150) from an estimate, at least one per worker. `workers`: worker
+    processes (None: all cores, or 1 for a small source). Rows the pipeline rejects (BadRow) are
+    skipped and listed in bad_rows.jsonl; above `max_bad_fraction` of all rows the run fails and
+    leaves no dataset. See `tftrain.data.shard_plan` for what is deterministic.
     """
+    if not 0 <= max_bad_fraction <= 1:
+        raise ConfigError(f"--max_bad_fraction={max_bad_fraction} must be between 0 and 1.")
     prepare_output_dir(output_dir, overwrite)
-    info = pipeline.prepare(source)
-    writers: dict[tuple[str, int], tf.io.TFRecordWriter] = {}
-    counts: dict[tuple[str, int], int] = {}
     started = time.monotonic()
-
-    def tmp_path(split, index):
-        return join(output_dir, "." + manifest_lib.shard_name(split, index, num_shards) + ".tmp")
-
-    num_bad = 0
-    for row in pipeline.read(source, info):
-        split = row.split if (row.split and not splits) else assign_split(row.key, splits or pipeline.default_splits)
-        try:
-            example = pipeline.encode(row, info)
-        except BadRow as e:
-            num_bad += 1
-            logging.warning("skipping row %s: %s", row.key, e)
-            continue
-        shard = (split, assign_shard(row.key, num_shards, seed))
-        if shard not in writers:
-            writers[shard] = tf.io.TFRecordWriter(tmp_path(*shard))
-            counts[shard] = 0
-        writers[shard].write(example.SerializeToString())
-        counts[shard] += 1
-    for writer in writers.values():
-        writer.close()
-    if not writers:
-        raise DataError(f"no examples were read from {source!r} by pipeline {pipeline.name!r}.")
-
-    split_entries: dict[str, dict] = {}
-    for split in sorted({s for s, _ in writers}):
-        shards = []
-        for index in range(num_shards):
-            final = join(output_dir, manifest_lib.shard_name(split, index, num_shards))
-            if (split, index) not in writers:  # an empty shard is still a valid TFRecord file
-                tf.io.TFRecordWriter(tmp_path(split, index)).close()
-                counts[(split, index)] = 0
-            tf.io.gfile.rename(tmp_path(split, index), final, overwrite=True)
-            shards.append({"file": manifest_lib.shard_name(split, index, num_shards),
-                           "num_examples": counts[(split, index)],
-                           "bytes": tf.io.gfile.stat(final).length,
-                           "sha256": file_sha256(final)})
-        split_entries[split] = {"num_examples": sum(s["num_examples"] for s in shards), "shards": shards}
-
-    manifest = {"pipeline": pipeline.name, "source": str(source), "tool_version": tftrain.__version__,
-                "features": pipeline.features(info), "info": info, "splits": split_entries,
-                "bad_rows": {"count": num_bad}}
-    manifest_lib.write(output_dir, manifest)
-    total = sum(s["num_examples"] for s in split_entries.values())
-    logging.info("wrote %d examples (%s) to %s in %.1fs, %d bad rows skipped", total,
-                 ", ".join(f"{k}={v['num_examples']}" for k, v in split_entries.items()),
-                 output_dir, time.monotonic() - started, num_bad)
+    info = pipeline.prepare(source)
+    plan, estimated_rows = _make_plan(pipeline, source, info, output_dir, splits=splits,
+                                      num_shards=num_shards, shard_size_mb=shard_size_mb,
+                                      workers=workers, seed=seed)
+    meter = Progress(estimated_rows, label=f"convert {pipeline.name}") if progress else None
+    try:
+        if plan.num_workers == 1:
+            summaries = [shard_worker.run(pipeline, source, info, plan, 0,
+                                          report=meter.update if meter else None)]
+        else:
+            summaries = _run_processes(pipeline, source, info, plan, meter)
+        if meter:
+            meter.close()
+        manifest = _finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction)
+    except shard_worker.RowFailed as e:
+        remove_shards(plan)
+        raise DataError(f"pipeline {pipeline.name!r} failed: {e}") from e
+    except BaseException:
+        remove_shards(plan)
+        raise
+    elapsed = time.monotonic() - started
+    total = sum(s["num_examples"] for s in manifest["splits"].values())
+    nbytes = sum(sh["bytes"] for s in manifest["splits"].values() for sh in s["shards"])
+    manifest["stats"] = {"seconds": elapsed, "examples_per_second": total / max(elapsed, 1e-9),
+                         "mb_per_second": nbytes / shard_plan.MB / max(elapsed, 1e-9),
+                         "workers": plan.num_workers}
+    logging.info("%s", summary_line(output_dir, manifest))
     return manifest
+
+
+def summary_line(output_dir: str, manifest: dict) -> str:
+    """One line: where, counts per split, shards, bad rows and (when known) speed."""
+    splits = manifest["splits"]
+    counts = ", ".join(f"{k}={v['num_examples']:,}" for k, v in splits.items())
+    shards = sum(len(v["shards"]) for v in splits.values())
+    bad = manifest["bad_rows"]["count"]
+    text = f"wrote {output_dir}: {counts} in {shards} shard(s); {bad:,} bad row(s) skipped"
+    if bad:
+        text += f" (see {join(output_dir, BAD_ROWS_NAME)})"
+    stats = manifest.get("stats")
+    if stats:
+        text += (f"; {stats['seconds']:.1f}s, {stats['examples_per_second']:,.0f} examples/s, "
+                 f"{stats['mb_per_second']:,.1f} MB/s with {stats['workers']} worker(s)")
+    return text
+
+
+def _make_plan(pipeline, source, info, output_dir, *, splits, num_shards, shard_size_mb,
+               workers, seed):
+    fractions = dict(splits) if splits else None
+    default_fractions = dict(pipeline.default_splits)
+    probe = shard_plan.ShardPlan(output_dir, "", 1, seed, {}, 1, fractions, default_fractions)
+    sample = shard_plan.take_sample(pipeline, source, info, probe.split_of)
+    if sample.exhausted and sample.rows == 0:
+        raise DataError(f"no rows were read from {source!r} by pipeline {pipeline.name!r}; check "
+                        "--input.")
+    if sample.bad_reasons and not sample.encoded_rows and len(sample.bad_reasons) >= 16:
+        raise DataError(
+            f"the first {len(sample.bad_reasons)} rows of {source!r} are all bad rows for pipeline "
+            f"{pipeline.name!r}, e.g. {sample.bad_reasons[0]}; check --input and --pipeline_options.")
+    sizes = None if sample.exhausted else shard_plan.source_bytes(source)
+    num_workers, shards, default, estimated_rows, notes = shard_plan.choose(
+        sample=sample, sizes=sizes, fractions=fractions, default_fractions=default_fractions,
+        workers=workers, num_shards=num_shards, shard_size_mb=shard_size_mb)
+    for note in notes:
+        logging.info("convert: %s", note)
+    plan = shard_plan.ShardPlan(output_dir, uuid.uuid4().hex[:12], num_workers, seed, shards,
+                                default, fractions, default_fractions)
+    logging.info("convert: %s rows (%s), ~%.0f bytes per example; %d worker(s); shards: %s",
+                 f"{sample.rows:,}" if sample.exhausted else
+                 (f"~{estimated_rows:,}" if estimated_rows else "an unknown number of"),
+                 "exact" if sample.exhausted else "estimated", sample.example_bytes, num_workers,
+                 ", ".join(f"{k}={v}" for k, v in sorted(shards.items())) or default)
+    return plan, estimated_rows
+
+
+def _run_processes(pipeline, source, info, plan, meter) -> list[dict]:
+    """Runs one spawned process per worker; returns their summaries or raises one clear error."""
+    context = multiprocessing.get_context("spawn")
+    messages = context.Queue()
+    processes = []
+    try:
+        for worker in range(plan.num_workers):
+            process = context.Process(
+                target=shard_worker.process_main, name=f"tftrain-convert-{worker}", daemon=True,
+                args=(pipeline, source, info, plan, worker, messages, os.getpid()))
+            try:
+                process.start()
+            except (TypeError, AttributeError, ValueError) as e:  # pickling the pipeline
+                raise ConfigError(
+                    f"pipeline {pipeline.name!r} cannot be sent to worker processes ({e}); make it "
+                    "picklable (define it at module level) or pass --workers=1.") from None
+            processes.append(process)
+        return _collect(processes, messages, plan, meter)
+    finally:
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+        for process in processes:
+            process.join()
+        messages.close()
+
+
+def _collect(processes, messages, plan, meter) -> list[dict]:
+    summaries: dict[int, dict] = {}
+    while len(summaries) < len(processes):
+        try:
+            message = messages.get(timeout=0.5)
+        except queue_lib.Empty:
+            for worker, process in enumerate(processes):
+                if worker not in summaries and process.exitcode is not None:
+                    try:  # its last message may still be in the pipe
+                        message = messages.get(timeout=2)
+                        break
+                    except queue_lib.Empty:
+                        raise DataError(_died(worker, len(processes), process.exitcode)) from None
+            else:
+                continue
+        kind, worker = message[0], message[1]
+        if kind == "progress":
+            if meter:
+                meter.update(*message[2:])
+        elif kind == "done":
+            summaries[worker] = message[2]
+        else:
+            _, _, name, text, trace = message
+            logging.error("conversion worker %d failed:\n%s", worker, trace)
+            error = {"ConfigError": ConfigError, "DataError": DataError}.get(name)
+            if error is None and name != "TftrainError":
+                error = DataError
+                text = f"{name}: {text}"
+            raise (error or TftrainError)(
+                f"conversion worker {worker} of {len(processes)} failed: {text}")
+    return [summaries[w] for w in range(len(processes))]
+
+
+def _died(worker: int, workers: int, exitcode: int) -> str:
+    how = (f"was killed by signal {-exitcode}" + (" (out of memory?)" if exitcode == -9 else "")
+           if exitcode < 0 else f"exited with code {exitcode}")
+    return (f"conversion worker {worker} of {workers} {how} without reporting; nothing was "
+            "published. Rerun the conversion (with fewer --workers if memory is short).")
+
+
+def remove_shards(plan) -> None:
+    """Best-effort removal of shards and temporary files (keeps bad_rows.jsonl) after a failure."""
+    try:
+        for name in tf.io.gfile.listdir(plan.output_dir):
+            if name != BAD_ROWS_NAME and _LEFTOVER.match(name):
+                tf.io.gfile.remove(join(plan.output_dir, name))
+    except (OSError, tf.errors.OpError) as e:
+        logging.warning("could not clean %s: %s", plan.output_dir, e)
+
+
+def _finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction) -> dict:
+    """Checks the bad-row fraction, completes empty shards, writes bad_rows.jsonl and the manifest."""
+    shards = {}
+    for summary in summaries:
+        for entry in summary["shards"]:
+            shards[(entry["split"], entry["index"])] = entry
+    bad_by_split: dict[str, int] = {}
+    for summary in summaries:
+        for split, n in summary["bad_rows"].items():
+            bad_by_split[split] = bad_by_split.get(split, 0) + n
+    num_bad = sum(bad_by_split.values())
+    num_good = sum(e["num_examples"] for e in shards.values())
+    bad_path = join(plan.output_dir, BAD_ROWS_NAME)
+    _merge_bad_rows(plan, bad_path if num_bad else None)
+    fraction = num_bad / max(num_good + num_bad, 1)
+    if num_good == 0 or fraction > max_bad_fraction:
+        remove_shards(plan)
+        what = ("no examples were written" if num_good == 0 else
+                f"{num_bad:,} of {num_good + num_bad:,} rows ({fraction:.2%}) are bad, above "
+                f"--max_bad_fraction={max_bad_fraction:g}")
+        raise DataError(f"{what}: converting {source!r} with pipeline {pipeline.name!r} failed and "
+                        f"left no dataset. Each bad row and why is in {bad_path}; fix the input, or "
+                        "raise --max_bad_fraction to skip them.")
+    seen = {split for split, _ in shards} | set(bad_by_split) | set(splits or ())
+    entries = {}
+    for split in sorted(seen):
+        for index in range(plan.num_shards(split)):
+            if (split, index) not in shards:
+                shards[(split, index)] = _empty_shard(plan, split, index)
+        split_shards = [{k: shards[(split, i)][k] for k in ("file", "num_examples", "bytes", "sha256")}
+                        for i in range(plan.num_shards(split))]
+        entries[split] = {"num_examples": sum(s["num_examples"] for s in split_shards),
+                          "shards": split_shards}
+        labels = _merge_labels(summaries, split)
+        if labels is not None:
+            entries[split]["label_counts"] = labels
+        if not entries[split]["num_examples"]:
+            logging.warning("split %r has no examples.", split)
+    manifest = {"pipeline": pipeline.name, "source": str(source), "tool_version": tftrain.__version__,
+                "features": pipeline.features(info), "info": info, "splits": entries,
+                "bad_rows": {"count": num_bad, "by_split": bad_by_split,
+                             **({"file": BAD_ROWS_NAME} if num_bad else {})},
+                "label_key": shard_worker.label_key(pipeline.features(info), info),
+                "workers": plan.num_workers, "seed": plan.seed}
+    manifest_lib.write(plan.output_dir, manifest)
+    return manifest_lib.read(plan.output_dir)
+
+
+def _empty_shard(plan, split: str, index: int) -> dict:
+    from tftrain.fileio import file_sha256
+
+    name = plan.file_name(split, index)
+    tmp = plan.tmp_path(name)
+    tf.io.TFRecordWriter(tmp).close()
+    entry = {"file": name, "num_examples": 0, "bytes": 0, "sha256": file_sha256(tmp)}
+    tf.io.gfile.rename(tmp, join(plan.output_dir, name), overwrite=True)
+    return entry
+
+
+def _merge_labels(summaries, split: str) -> dict | None:
+    merged: dict[str, int] = {}
+    for summary in summaries:
+        counts = summary["labels"].get(split)
+        if counts is None and split in {e["split"] for e in summary["shards"] if e["num_examples"]}:
+            return None  # a worker gave up counting (too many distinct values)
+        for label, n in (counts or {}).items():
+            merged[label] = merged.get(label, 0) + n
+    if not merged:
+        return None
+    return dict(sorted(merged.items(), key=lambda item: int(item[0])))
+
+
+def _merge_bad_rows(plan, path: str | None) -> None:
+    """Concatenates the workers' bad-row files into `path` (atomically), removing them."""
+    parts = [shard_worker.bad_rows_tmp(plan, w) for w in range(plan.num_workers)]
+    if path:
+        tmp = plan.tmp_path(BAD_ROWS_NAME)
+        with tf.io.gfile.GFile(tmp, "w") as out:
+            for part in parts:
+                if tf.io.gfile.exists(part):
+                    with tf.io.gfile.GFile(part, "r") as f:
+                        while chunk := f.read(1 << 20):
+                            out.write(chunk)
+        tf.io.gfile.rename(tmp, path, overwrite=True)
+    for part in parts:
+        if tf.io.gfile.exists(part):
+            tf.io.gfile.remove(part)
