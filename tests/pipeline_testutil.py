@@ -10,10 +10,15 @@ from tftrain.data.writer import write_dataset
 from tftrain.errors import BadRow
 
 
-def convert(name: str, source, output, /, *, num_shards: int = 2, splits=None, **options) -> dict:
-    """Converts `source` with pipeline `name` into `output`; returns the manifest."""
+def convert(name: str, source, output, /, *, num_shards: int = 2, splits=None, workers=None,
+            max_bad_fraction: float = 0.5, **options) -> dict:
+    """Converts `source` with pipeline `name` into `output`; returns the manifest.
+
+    Bad rows up to half of the rows are tolerated, so tests can count them.
+    """
     return write_dataset(load_pipeline(name, **options), str(source), str(output),
-                         num_shards=num_shards, splits=splits)
+                         num_shards=num_shards, splits=splits, workers=workers,
+                         max_bad_fraction=max_bad_fraction, progress=False)
 
 
 def load_all(data_dir, split: str, batch_size: int = 64, **kwargs):

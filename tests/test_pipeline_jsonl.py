@@ -1,0 +1,117 @@
+"""jsonl: vocabulary built at conversion time, TF-side tokenization, bad lines, trainable ids."""
+import json
+import math
+
+import numpy as np
+import pytest
+import tf_keras as keras
+
+from pipelines import Row, load_pipeline
+from pipelines.jsonl import FIRST_WORD_ID, OOV_ID, tokenize
+from tests.pipeline_testutil import bad_row_reason, convert, load_all
+from tftrain.data import load
+from tftrain.errors import ConfigError
+
+GOOD = ["great", "good", "lovely", "fine"]
+BAD = ["awful", "bad", "poor", "boring"]
+FILLER = ["the", "movie", "was", "a", "plot", "and", "it", "really"]
+
+
+def make_lines(n, seed=0):
+    rng = np.random.default_rng(seed)
+    lines = []
+    for _ in range(n):
+        positive = bool(rng.integers(2))
+        words = list(rng.choice(FILLER, 5)) + list(rng.choice(GOOD if positive else BAD, 2))
+        rng.shuffle(words)
+        lines.append({"text": " ".join(words).capitalize() + "!", "label": "pos" if positive else "neg"})
+    return lines
+
+
+def write_jsonl(path, records, extra_lines=()):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+        for line in extra_lines:
+            f.write(line + "\n")
+    return path
+
+
+def test_vocabulary_in_info_and_ids_match_python_tokenization(tmp_path):
+    records = make_lines(40) + [{"text": "Hello, WORLD!\tIt's the café-time... GREAT", "label": "pos"}]
+    src = write_jsonl(tmp_path / "reviews.jsonl", records)
+    manifest = convert("jsonl", src, tmp_path / "out", splits={"train": 1.0}, num_shards=1,
+                       vocab_size=12, max_length=6)
+    info = manifest["info"]
+    assert info["class_names"] == ["neg", "pos"] and info["num_classes"] == 2
+    assert info["vocab_size"] == 12 and len(info["vocabulary"]) == 10 and info["max_length"] == 6
+    assert manifest["features"] == {"text": {"dtype": "string", "shape": []},
+                                    "label": {"dtype": "int64", "shape": []}}
+    assert tokenize("Hello, WORLD!\tIt's the café-time... GREAT") == \
+        ["hello", "world", "it", "s", "the", "café", "time", "great"]
+
+    ids, labels = load_all(tmp_path / "out", "train")
+    assert ids.shape == (41, 6) and ids.dtype == np.int32
+    index = {word: FIRST_WORD_ID + i for i, word in enumerate(info["vocabulary"])}
+    for got, record in zip(ids, records):  # one shard, one worker: file order
+        expected = [index.get(w, OOV_ID) for w in tokenize(record["text"])][:6]
+        assert got.tolist() == expected + [0] * (6 - len(expected))
+    assert labels.tolist() == [info["class_names"].index(r["label"]) for r in records]
+
+
+def test_bad_lines_are_skipped_with_reasons(tmp_path):
+    bad = ['{"text": "no closing brace", "label": 1', '{"label": 1}', '{"text": "   ", "label": 0}',
+           '{"text": "no label"}', '{"text": 42, "label": 1}', '{"text": "x", "label": {"a": 1}}',
+           '["a", "list"]', '{"text": "negative class", "label": -1}']
+    records = [{"text": f"line {i} words", "label": i % 3} for i in range(40)]
+    src = write_jsonl(tmp_path / "data.jsonl", records, extra_lines=["", *bad])
+    manifest = convert("jsonl", src, tmp_path / "out", splits={"train": 1.0})
+    assert manifest["info"]["num_classes"] == 3  # integer labels: ids as written
+    assert manifest["bad_rows"]["count"] == len(bad) and manifest["splits"]["train"]["num_examples"] == 40
+    bad_rows = [json.loads(line) for line in (tmp_path / "out" / "bad_rows.jsonl").read_text().splitlines()]
+    assert len(bad_rows) == len(bad)
+
+    pipeline = load_pipeline("jsonl")
+    info = manifest["info"]
+    reasons = [bad_row_reason(pipeline, Row(str(i), line), info) for i, line in enumerate(bad)]
+    assert reasons[0].startswith("invalid JSON")
+    assert reasons[1] == "missing text key 'text'"
+    assert reasons[2] == "empty text in 'text'"
+    assert reasons[3] == "missing label 'label'"
+    assert "is a int, not a string" in reasons[4]
+    assert "neither an integer class id nor a class name" in reasons[5]
+    assert "expected a JSON object" in reasons[6]
+    assert "not a class id in 0..2" in reasons[7]
+
+
+def test_custom_keys_source_splits_and_parallel_workers(tmp_path):
+    for split, n in (("train", 30), ("validation", 10)):
+        write_jsonl(tmp_path / "src" / f"{split}.jsonl",
+                    [{"body": r["text"], "y": r["label"]} for r in make_lines(n, seed=len(split))])
+    manifest = convert("jsonl", tmp_path / "src", tmp_path / "out", workers=2, text_key="body",
+                       label_key="y", lowercase="false")
+    assert {k: v["num_examples"] for k, v in manifest["splits"].items()} == {"train": 30, "validation": 10}
+    assert manifest["workers"] == 2
+    assert "The" in manifest["info"]["vocabulary"] or "A" in manifest["info"]["vocabulary"]
+    ids, _ = load_all(tmp_path / "out", "validation")
+    assert ids.shape == (10, 128) and (ids[:, 0] > OOV_ID).all()
+    with pytest.raises(ConfigError, match="no valid"):
+        load_pipeline("jsonl").prepare(str(tmp_path / "src"))
+
+
+def test_a_keras_model_trains_on_the_token_ids(tmp_path):
+    src = write_jsonl(tmp_path / "reviews.jsonl", make_lines(320))
+    manifest = convert("jsonl", src, tmp_path / "out", splits={"train": 1.0}, max_length=16)
+    data = load(str(tmp_path / "out"), "train", 32, training=True, seed=1)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.layers.Input([16], dtype="int32"),
+                              keras.layers.Embedding(manifest["info"]["vocab_size"], 8),
+                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(2)])
+    model.compile(keras.optimizers.Adam(0.05),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    before = model.evaluate(data, verbose=0)[0]
+    history = model.fit(data, epochs=1, verbose=0)
+    after, accuracy = model.evaluate(data, verbose=0)
+    assert math.isfinite(history.history["loss"][0])
+    assert after < before and accuracy > 0.8
