@@ -1,6 +1,10 @@
 """Show a TFRecord dataset: schema, per-split counts, shard sizes and label distribution.
 
-Example: tftrain inspect --data=data/digits
+--verify re-reads every record (CRC), checks each shard's sha256 and record count against
+dataset.json and parses every example against the schema; on damage it names the file and the
+record index and exits with a non-zero code.
+
+Example: tftrain inspect --data=data/digits --verify
 """
 from absl import flags
 
@@ -8,18 +12,14 @@ from tftrain.cli.common import require, use_flags
 
 FLAGS = flags.FLAGS
 use_flags(__name__, "data")
+flags.DEFINE_bool("verify", False, "Check every shard and record against the manifest.")
 
 
 def main(argv):
     require("data")
-    from tftrain.data import manifest as manifest_lib
+    from tftrain.data import inspection
 
-    manifest = manifest_lib.read(FLAGS.data)
-    print(f"dataset {FLAGS.data} (pipeline {manifest['pipeline']})")
-    print("features:")
-    for name, feature in sorted(manifest["features"].items()):
-        print(f"  {name}: {feature['dtype']} {feature['shape']}")
-    for split, entry in manifest["splits"].items():
-        size = sum(shard["bytes"] for shard in entry["shards"])
-        print(f"{split}: {entry['num_examples']} examples in {len(entry['shards'])} shard(s), {size} bytes")
+    print(inspection.describe(FLAGS.data))
+    if FLAGS.verify:
+        print(inspection.verify_or_raise(FLAGS.data))
     return 0

@@ -1,0 +1,197 @@
+"""`tftrain inspect`: describe a dataset, and verify every shard and record against its manifest.
+
+`describe` reads only the manifest (label counts are recorded at conversion time; for a dataset
+without them, the label feature alone is read). `verify` checks, for every shard: that it
+exists, its size and sha256, that every record's CRCs are intact (TFRecord framing is
+`len | crc(len) | data | crc(data)`; `TFRecordDataset` raises DataLossError on damage), that each
+record parses against the schema, and that the record count matches the manifest.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import re
+
+import tensorflow as tf
+
+from tftrain.data import manifest as manifest_lib
+from tftrain.data.reader import parse_spec
+from tftrain.data.shard_worker import label_key
+from tftrain.errors import DataError
+from tftrain.fileio import file_sha256, join
+
+BATCH = 1024
+MAX_LABEL_LINES = 40
+
+
+@dataclasses.dataclass
+class Problem:
+    """One damaged shard: the file, the record index (when known) and what is wrong."""
+
+    file: str
+    what: str
+    record: int | None = None
+
+    def __str__(self):
+        where = f"{self.file}, record {self.record}" if self.record is not None else self.file
+        return f"{where}: {self.what}"
+
+
+def _size(nbytes: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if nbytes < 1024 or unit == "GB":
+            return f"{nbytes:,.0f} {unit}" if unit == "B" else f"{nbytes:,.1f} {unit}"
+        nbytes /= 1024
+    return ""
+
+
+def label_counts(data_dir: str, manifest: dict, split: str) -> dict | None:
+    """Label -> count for a split: from the manifest, or by reading the label feature."""
+    entry = manifest["splits"][split]
+    if "label_counts" in entry:
+        return entry["label_counts"]
+    key = manifest.get("label_key") or label_key(manifest["features"], manifest.get("info", {}))
+    if not key:
+        return None
+    files = manifest_lib.shard_files(data_dir, manifest, split)
+    spec = {key: parse_spec({key: manifest["features"][key]})[key]}
+    dataset = tf.data.TFRecordDataset(files).batch(BATCH).map(
+        lambda s: tf.io.parse_example(s, spec)[key])
+    counts: dict[str, int] = {}
+    for batch in dataset.as_numpy_iterator():
+        for value in batch.reshape(-1).tolist():
+            counts[str(value)] = counts.get(str(value), 0) + 1
+    return dict(sorted(counts.items(), key=lambda item: int(item[0])))
+
+
+def describe(data_dir: str) -> str:
+    """A text report: source, schema, per-split counts and shard sizes, label distribution."""
+    manifest = manifest_lib.read(data_dir)
+    splits = manifest["splits"]
+    total = sum(s["num_examples"] for s in splits.values())
+    nbytes = sum(sh["bytes"] for s in splits.values() for sh in s["shards"])
+    lines = [f"dataset {data_dir}: {total:,} examples, {_size(nbytes)} "
+             f"(pipeline {manifest['pipeline']}, tftrain {manifest.get('tool_version', '?')})",
+             f"source: {manifest.get('source') or '(embedded)'}", "features:"]
+    width = max(map(len, manifest["features"]), default=0)
+    for name, feature in sorted(manifest["features"].items()):
+        extra = " (variable length)" if feature.get("varlen") else ""
+        lines.append(f"  {name:<{width}}  {feature['dtype']} {feature.get('shape', [])}{extra}")
+    lines.append("splits:")
+    width = max(map(len, splits), default=0)
+    for split, entry in splits.items():
+        sizes = [sh["bytes"] for sh in entry["shards"]]
+        lines.append(f"  {split:<{width}}  {entry['num_examples']:>10,} examples  "
+                     f"{len(sizes):>4} shard(s)  {_size(sum(sizes))} (shards {_size(min(sizes))} "
+                     f"to {_size(max(sizes))})")
+    bad = manifest.get("bad_rows", {})
+    lines.append(f"bad rows skipped: {bad.get('count', 0):,}"
+                 + (f" (listed in {join(data_dir, bad['file'])})" if bad.get("file") else ""))
+    lines += _label_table(data_dir, manifest)
+    return "\n".join(lines)
+
+
+def _label_table(data_dir: str, manifest: dict) -> list[str]:
+    counts = {split: label_counts(data_dir, manifest, split) for split in manifest["splits"]}
+    if not any(counts.values()):
+        return []
+    names = manifest.get("info", {}).get("class_names") or []
+    labels = sorted({int(k) for c in counts.values() if c for k in c})
+    key = manifest.get("label_key") or "label"
+    lines = [f"labels ({key}):"]
+    rows = [["label", *counts]]
+    for label in labels[:MAX_LABEL_LINES]:
+        name = f"{label} {names[label]}" if 0 <= label < len(names) and names[label] != str(label) else str(label)
+        rows.append([name, *(f"{(c or {}).get(str(label), 0):,}" for c in counts.values())])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        lines.append("  " + "  ".join(cell.rjust(w) if i else cell.ljust(w)
+                                      for i, (cell, w) in enumerate(zip(row, widths))))
+    if len(labels) > MAX_LABEL_LINES:
+        lines.append(f"  ... {len(labels) - MAX_LABEL_LINES} more labels")
+    return lines
+
+
+def verify_shard(path: str, shard: dict, spec: dict) -> list[Problem]:
+    """Checks one shard's presence, size, sha256, record CRCs, parsing and count."""
+    name = shard["file"]
+    if not tf.io.gfile.exists(path):
+        return [Problem(name, "the file is missing")]
+    problems = []
+    size = tf.io.gfile.stat(path).length
+    if size != shard["bytes"]:
+        problems.append(Problem(name, f"{size:,} bytes, the manifest says {shard['bytes']:,}"))
+    if file_sha256(path) != shard["sha256"]:
+        problems.append(Problem(name, "sha256 differs from the manifest (the file was changed)"))
+    count = 0
+    batches = iter(tf.data.TFRecordDataset(path).batch(BATCH))
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            break
+        except tf.errors.DataLossError:
+            index, message = _find_corrupt_record(path, count)
+            problems.append(Problem(name, f"corrupt record ({message}); it and the records "
+                                    "after it cannot be read", index))
+            return problems
+        try:
+            tf.io.parse_example(batch, spec)
+        except tf.errors.InvalidArgumentError:
+            problems.append(_find_unparsable_record(name, batch, spec, count))
+        count += int(batch.shape[0])
+    if count != shard["num_examples"]:
+        problems.append(Problem(name, f"{count:,} records, the manifest says {shard['num_examples']:,}"))
+    return problems
+
+
+def _find_corrupt_record(path: str, start: int) -> tuple[int, str]:
+    """The index of the first record at or after `start` that cannot be read, and the error."""
+    index = start
+    try:
+        for _ in tf.data.TFRecordDataset(path).skip(start):
+            index += 1
+    except tf.errors.DataLossError as e:
+        return index, _op_message(e)
+    return index, "DataLossError"
+
+
+def _op_message(error: tf.errors.OpError) -> str:
+    """An op error's first line without TensorFlow's function and op decorations."""
+    text = re.sub(r"\{\{[^}]*\}\}\s*", "", error.message.splitlines()[0])
+    return re.sub(r"\s*\[Op:.*$", "", text).strip()
+
+
+def _find_unparsable_record(name: str, batch, spec: dict, start: int) -> Problem:
+    for offset, record in enumerate(batch):
+        try:
+            tf.io.parse_single_example(record, spec)
+        except tf.errors.InvalidArgumentError as e:
+            message = _op_message(e)
+            return Problem(name, f"does not parse against the schema: {message}", start + offset)
+    return Problem(name, "a batch does not parse against the schema", start)
+
+
+def verify(data_dir: str, threads: int = 4) -> list[Problem]:
+    """Checks every shard of every split (in `threads` threads); returns the problems found."""
+    manifest = manifest_lib.read(data_dir)
+    spec = parse_spec(manifest["features"])
+    jobs = [(join(data_dir, shard["file"]), shard)
+            for entry in manifest["splits"].values() for shard in entry["shards"]]
+    with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
+        results = pool.map(lambda job: verify_shard(job[0], job[1], spec), jobs)
+        return [problem for problems in results for problem in problems]
+
+
+def verify_or_raise(data_dir: str) -> str:
+    """Runs `verify`; returns a one-line success message or raises DataError naming the damage."""
+    problems = verify(data_dir)
+    manifest = manifest_lib.read(data_dir)
+    shards = sum(len(s["shards"]) for s in manifest["splits"].values())
+    records = sum(s["num_examples"] for s in manifest["splits"].values())
+    if problems:
+        listed = "; ".join(str(p) for p in problems[:10])
+        more = f" (and {len(problems) - 10} more)" if len(problems) > 10 else ""
+        raise DataError(f"dataset {data_dir} is damaged: {listed}{more}. Convert it again "
+                        "(tftrain convert ... --overwrite) or restore the files from a copy.")
+    return f"verified {data_dir}: {shards} shard(s), {records:,} records, all intact"
