@@ -23,6 +23,8 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
 OPTIMIZERS = ("sgd", "adam", "adamw")
+LR_SCHEDULES = ("constant", "step", "cosine", "plateau")
+MONITORS = ("val_accuracy", "val_loss", "accuracy", "loss")
 
 
 @dataclasses.dataclass
@@ -54,11 +56,22 @@ class TrainConfig:
 
     epochs: int = 10
     steps_per_epoch: Optional[int] = None  # None: one pass over the training split
+    steps: Optional[int] = None  # total optimizer steps; when set, it decides the run's length
     optimizer: str = "adam"
-    learning_rate: float = 1e-3
+    learning_rate: float = 1e-3  # the peak rate (after warmup)
     momentum: float = 0.9  # sgd only
     weight_decay: float = 0.0  # adamw only
+    lr_schedule: str = "constant"  # constant | step | cosine | plateau
+    warmup_steps: int = 0  # linear warmup from 0 (constant, step, cosine)
+    lr_decay_epochs: int = 30  # step: multiply by lr_decay_rate every this many epochs
+    lr_decay_rate: float = 0.1  # step and plateau: the factor
+    lr_min: float = 0.0  # cosine: the final rate; plateau: the floor
+    plateau_patience: int = 2  # plateau: epochs without improvement of `monitor`
+    grad_accum_steps: int = 1  # k > 1: one update per k micro-batches of data.batch_size
     steps_per_execution: int = 1
+    monitor: str = "val_accuracy"  # best checkpoint, early stopping, plateau
+    early_stopping_patience: int = 0  # 0: off; else epochs without improvement of `monitor`
+    backup_every_steps: int = 0  # 0: back up at the end of each epoch only
     seed: int = 42
 
 
@@ -273,10 +286,24 @@ def validate(config: Config) -> None:
     choice("runtime.strategy", config.runtime.strategy, STRATEGIES)
     choice("runtime.mixed_precision", config.runtime.mixed_precision, PRECISIONS)
     choice("train.optimizer", config.train.optimizer, OPTIMIZERS)
+    choice("train.lr_schedule", config.train.lr_schedule, LR_SCHEDULES)
+    choice("train.monitor", config.train.monitor, MONITORS)
     for key in ("data.batch_size", "data.shuffle_buffer", "train.epochs", "train.steps_per_epoch",
-                "train.learning_rate", "train.steps_per_execution"):
+                "train.steps", "train.learning_rate", "train.steps_per_execution",
+                "train.grad_accum_steps", "train.lr_decay_epochs", "train.lr_decay_rate"):
         section, name = key.split(".")
         positive(key, getattr(getattr(config, section), name))
+    for key in ("warmup_steps", "lr_min", "plateau_patience", "early_stopping_patience",
+                "backup_every_steps", "weight_decay"):
+        if getattr(config.train, key) < 0:
+            raise ConfigError(f"train.{key} must be >= 0, got {getattr(config.train, key)}")
+    if config.train.lr_schedule == "plateau" and config.train.warmup_steps:
+        raise ConfigError("train.lr_schedule=plateau cannot be combined with train.warmup_steps "
+                          f"({config.train.warmup_steps}): reduce-on-plateau needs a plain rate; "
+                          "use lr_schedule=cosine or constant for warmup")
+    if config.train.lr_min >= config.train.learning_rate and config.train.lr_schedule in ("cosine", "plateau"):
+        raise ConfigError(f"train.lr_min ({config.train.lr_min}) must be below train.learning_rate "
+                          f"({config.train.learning_rate}) for lr_schedule={config.train.lr_schedule}")
     if config.runtime.cpu_devices < 0:
         raise ConfigError(f"runtime.cpu_devices must be >= 0, got {config.runtime.cpu_devices}")
     if config.runtime.strategy == "tpu" and not config.runtime.tpu:

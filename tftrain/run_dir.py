@@ -10,9 +10,10 @@ import datetime
 import os
 
 import tensorflow as tf
+from absl import logging
 
 from tftrain.errors import TftrainError
-from tftrain.fileio import join, remove
+from tftrain.fileio import join, remove, write_json
 
 PARAMS = "params.yaml"
 SUMMARY = "summary.json"
@@ -33,10 +34,11 @@ def new_run_dir(config_name: str, root: str = "runs") -> str:
     return path
 
 
-def prepare(model_dir: str, overwrite: bool) -> None:
+def prepare(model_dir: str, overwrite: bool, params_yaml: str | None = None) -> None:
     """Creates `model_dir`; refuses to retrain a finished run unless `overwrite`.
 
-    An unfinished run (no summary.json) is left as it is, so training resumes from its backup.
+    An unfinished run (no summary.json) is left as it is, so training resumes from its backup;
+    when `params_yaml` differs from the params.yaml it was started with, a warning says so.
     """
     if tf.io.gfile.exists(join(model_dir, SUMMARY)):
         if not overwrite:
@@ -45,4 +47,15 @@ def prepare(model_dir: str, overwrite: bool) -> None:
                 "--overwrite to train it again from scratch, or choose another --model_dir")
         for name in (SUMMARY, CHECKPOINTS, BACKUP, LOGS, EXPORT, PARAMS):
             remove(join(model_dir, name))
+    elif params_yaml is not None and all(tf.io.gfile.exists(join(model_dir, name)) for name in (BACKUP, PARAMS)):
+        with tf.io.gfile.GFile(join(model_dir, PARAMS)) as f:
+            if f.read() != params_yaml:
+                logging.warning("%s holds an unfinished run started with another config (%s); "
+                                "resuming it with the new one", model_dir, PARAMS)
     tf.io.gfile.makedirs(model_dir)
+
+
+def finish(model_dir: str, summary: dict) -> None:
+    """Writes summary.json, which marks the run finished, then deletes its backup."""
+    write_json(join(model_dir, SUMMARY), summary)
+    remove(join(model_dir, BACKUP))

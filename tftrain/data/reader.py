@@ -47,9 +47,11 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
          pipeline_options: dict | None = None, info: dict | None = None) -> tf.data.Dataset:
     """Returns a batched dataset of `(inputs, label)` read from `data_dir`'s `split`.
 
-    `batch_size` is the batch size of this input pipeline: the per-worker batch when
-    `input_context` is given (see `tftrain.distribute.per_worker_batch_size`).
-    When training, shard files are shuffled each epoch and read in parallel in a
+    `batch_size` is the size of the batches this pipeline yields. Under a strategy, use
+    `load_distributed`, which turns the global batch into the per-replica batch (the one place
+    that does) and passes `input_context`; the pipeline then reads only its share of the data:
+    whole shard files when there are at least as many files as input pipelines, else every
+    n-th example (with a warning). When training, shard files are shuffled each epoch and read in parallel in a
     non-deterministic order, then examples are shuffled; evaluation reads in file order.
     Examples are batched first and then parsed and decoded a batch at a time.
 
@@ -103,4 +105,34 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
 
     dataset = dataset.map(parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE,
                           deterministic=not training)
+    if input_context is not None:  # sharded above: the strategy must not shard again
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        dataset = dataset.with_options(options)
     return dataset.prefetch(tf.data.AUTOTUNE)
+
+
+def load_distributed(strategy: tf.distribute.Strategy, data_dir: str, split: str,
+                     global_batch_size: int, training: bool, **kwargs):
+    """`load` for `strategy`: the one place where the global batch size is split over replicas.
+
+    `global_batch_size` counts examples over all replicas and workers and must divide evenly.
+    Training: every input pipeline (one per worker) reads its own shard of the files and yields
+    per-replica batches (`distribute_datasets_from_function`); repeat it and pass
+    `steps_per_epoch`. Evaluation: one dataset of global batches that Keras splits over the
+    replicas itself (sharding it automatically across workers), so no step count is needed and
+    the last partial batch is kept. Static shapes (TPU) need `drop_remainder=True`.
+    `kwargs` go to `load`.
+    """
+    replicas = strategy.num_replicas_in_sync
+    if global_batch_size % replicas:
+        raise DataError(f"batch size {global_batch_size} does not split over {replicas} replicas; "
+                        "choose a multiple of the replica count")
+    if not training:
+        return load(data_dir, split, global_batch_size, training, **kwargs)
+
+    def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        return load(data_dir, split, input_context.get_per_replica_batch_size(global_batch_size),
+                    training, input_context=input_context, **kwargs)
+
+    return strategy.distribute_datasets_from_function(dataset_fn)

@@ -1,0 +1,88 @@
+"""Preemption: on SIGTERM, back up at the next step boundary and exit with code 143.
+
+`tf.distribute.experimental.PreemptionCheckpointHandler` supports MultiWorkerMirrored only, so
+tftrain handles SIGTERM itself, for every strategy. While `fit` runs, the signal only sets a
+flag; the next `on_train_batch_end` (or validation batch) writes the backup through the
+`Backup` callback and raises `Preempted`, which the CLI turns into exit code 143
+(`PREEMPTED_EXIT_CODE`, 128 + SIGTERM as shells report it). Outside `fit` (data conversion,
+final evaluation, export) the signal raises `Preempted` at once: the backup of the last epoch is
+already on disk. Running the same command again resumes.
+"""
+from __future__ import annotations
+
+import signal
+import threading
+
+import tf_keras as keras
+from absl import logging
+
+from tftrain.errors import TftrainError
+
+PREEMPTED_EXIT_CODE = 143
+
+
+class Preempted(TftrainError):
+    """The run received SIGTERM; its state is backed up and the same command resumes it."""
+
+    exit_code = PREEMPTED_EXIT_CODE
+
+
+class SigtermHandler:
+    """A context manager that turns SIGTERM into `Preempted` (deferred while `fit` steps)."""
+
+    def __init__(self):
+        self.received = False
+        self.deferred = False
+        self._previous = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._previous = None
+        return False
+
+    def _handle(self, signum, frame):
+        self.received = True
+        logging.warning("SIGTERM received: %s", "backing up at the next step" if self.deferred
+                        else "exiting (the last backup is on disk)")
+        if not self.deferred:
+            raise Preempted("stopped by SIGTERM; run the same command again to resume")
+
+
+class PreemptionCallback(keras.callbacks.Callback):
+    """Defers SIGTERM during `fit`; backs up through `backup` and raises `Preempted` on it."""
+
+    def __init__(self, handler: SigtermHandler, backup):
+        super().__init__()
+        self._supports_tf_logs = True  # never converts the logs: no device sync per step
+        self.handler = handler
+        self.backup = backup
+
+    def on_train_begin(self, logs=None):
+        self.handler.deferred = True
+
+    def on_train_end(self, logs=None):
+        self.handler.deferred = False
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._check()
+
+    def on_test_batch_end(self, batch, logs=None):
+        self._check()
+
+    def _check(self):
+        if self.handler.received:
+            self.handler.deferred = False
+            self.backup.back_up_now()
+            epoch, step = self.backup._current_epoch, int(
+                self.backup._training_state._ckpt_saved_batch.numpy()) + 1
+            logging.warning("preempted: backed up at epoch %d step %d in %s", epoch + 1, step,
+                            self.backup.backup_dir)
+            raise Preempted(f"stopped by SIGTERM at epoch {epoch + 1} step {step}; the state is "
+                            f"backed up in {self.backup.backup_dir}: run the same command again "
+                            "to resume")

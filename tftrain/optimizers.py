@@ -1,0 +1,100 @@
+"""Optimizers and learning-rate schedules: `train.optimizer` and `train.lr_schedule`.
+
+Schedules are functions of the optimizer's step count (`optimizer.iterations`), which the
+backup restores, so a resumed run continues on the same curve. `plateau` is not a schedule:
+the rate is a plain variable that the `ReduceLROnPlateau` callback lowers (see `plateau_callback`).
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+import tf_keras as keras
+
+from tftrain import config as config_lib
+
+
+class LinearWarmup(keras.optimizers.schedules.LearningRateSchedule):
+    """Rises linearly from 0 to `after(0)` over `warmup_steps`, then follows `after`."""
+
+    def __init__(self, after, warmup_steps: int):
+        super().__init__()
+        self.after = after
+        self.warmup_steps = warmup_steps
+
+    def __call__(self, step):
+        step = tf.cast(step, tf.float32)
+        warmup = float(self.warmup_steps)
+        after = self.after(tf.maximum(step - warmup, 0.0))
+        return tf.where(step < warmup, self.after(0.0) * (step + 1.0) / warmup, after)
+
+    def get_config(self):
+        return {"after": keras.optimizers.schedules.serialize(self.after),
+                "warmup_steps": self.warmup_steps}
+
+
+class Constant(keras.optimizers.schedules.LearningRateSchedule):
+    """A constant rate, as a schedule (so that warmup can be put in front of it)."""
+
+    def __init__(self, rate: float):
+        super().__init__()
+        self.rate = rate
+
+    def __call__(self, step):
+        return tf.constant(self.rate, tf.float32)
+
+    def get_config(self):
+        return {"rate": self.rate}
+
+
+def make_schedule(train: config_lib.TrainConfig, steps_per_epoch: int, total_steps: int):
+    """The learning rate: a float (constant, plateau) or a schedule over optimizer steps.
+
+    step: StepLR — multiply by `lr_decay_rate` every `lr_decay_epochs` epochs.
+    cosine: from `learning_rate` down to `lr_min` over the steps after warmup.
+    Each but plateau is preceded by `warmup_steps` of linear warmup when that is > 0.
+    """
+    lr = train.learning_rate
+    if train.lr_schedule == "plateau" or (train.lr_schedule == "constant" and not train.warmup_steps):
+        return lr
+    if train.lr_schedule == "constant":
+        schedule = Constant(lr)
+    elif train.lr_schedule == "step":
+        schedule = keras.optimizers.schedules.ExponentialDecay(
+            lr, decay_steps=train.lr_decay_epochs * steps_per_epoch,
+            decay_rate=train.lr_decay_rate, staircase=True)
+    else:  # cosine
+        decay_steps = max(1, total_steps - train.warmup_steps)
+        schedule = keras.optimizers.schedules.CosineDecay(
+            lr, decay_steps=decay_steps, alpha=train.lr_min / lr)
+    return LinearWarmup(schedule, train.warmup_steps) if train.warmup_steps else schedule
+
+
+def make_optimizer(train: config_lib.TrainConfig, steps_per_epoch: int, total_steps: int):
+    """The optimizer that `train.optimizer` names, with its learning-rate schedule.
+
+    Under `mixed_float16`, `Model.compile` wraps it in a `LossScaleOptimizer` (dynamic loss
+    scaling); nothing is needed here.
+    """
+    lr = make_schedule(train, steps_per_epoch, total_steps)
+    if train.optimizer == "sgd":
+        return keras.optimizers.SGD(lr, momentum=train.momentum)
+    if train.optimizer == "adamw":
+        return keras.optimizers.AdamW(lr, weight_decay=train.weight_decay)
+    return keras.optimizers.Adam(lr)
+
+
+def current_learning_rate(optimizer) -> float:
+    """The rate the optimizer applies at its current step (schedules evaluated)."""
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
+    lr = optimizer.learning_rate
+    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+        lr = lr(optimizer.iterations)
+    return float(keras.backend.get_value(lr))
+
+
+def plateau_callback(train: config_lib.TrainConfig):
+    """`ReduceLROnPlateau` for `lr_schedule=plateau`, else None."""
+    if train.lr_schedule != "plateau":
+        return None
+    return keras.callbacks.ReduceLROnPlateau(
+        monitor=train.monitor, factor=train.lr_decay_rate, patience=train.plateau_patience,
+        min_lr=train.lr_min, verbose=1)
