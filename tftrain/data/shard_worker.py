@@ -121,13 +121,13 @@ def run(pipeline, source: str, info: dict, plan, worker: int, *, report=None,
             if (split, index) not in writers:
                 tf.io.TFRecordWriter(plan.tmp_path(plan.file_name(split, index))).close()
                 writers[(split, index)] = None
-    return {"worker": worker, "shards": _publish(plan, sorted(writers), counts, alive),
+    return {"worker": worker, "shards": publish(plan, sorted(writers), counts, alive),
             "bad_rows": dict(bad_counts),
             "labels": {s: {str(k): n for k, n in c.items()} for s, c in labels.items()
                        if len(c) <= MAX_LABELS}}
 
 
-def _publish(plan, shards, counts, alive) -> list[dict]:
+def publish(plan, shards, counts, alive) -> list[dict]:
     """Hashes each finished shard and renames it to its final name; returns manifest entries."""
     import tensorflow as tf
 

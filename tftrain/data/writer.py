@@ -72,7 +72,7 @@ def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
     prepare_output_dir(output_dir, overwrite)
     started = time.monotonic()
     info = pipeline.prepare(source)
-    plan, estimated_rows = _make_plan(pipeline, source, info, output_dir, splits=splits,
+    plan, estimated_rows = make_plan(pipeline, source, info, output_dir, splits=splits,
                                       num_shards=num_shards, shard_size_mb=shard_size_mb,
                                       workers=workers, seed=seed)
     meter = Progress(estimated_rows, label=f"convert {pipeline.name}") if progress else None
@@ -84,21 +84,29 @@ def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
             summaries = _run_processes(pipeline, source, info, plan, meter)
         if meter:
             meter.close()
-        manifest = _finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction)
+        manifest = finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction)
     except shard_worker.RowFailed as e:
         remove_shards(plan)
         raise DataError(f"pipeline {pipeline.name!r} failed: {e}") from e
     except BaseException:
         remove_shards(plan)
         raise
+    add_stats(manifest, started, plan.num_workers)
+    logging.info("%s", summary_line(output_dir, manifest))
+    return manifest
+
+
+def add_stats(manifest: dict, started: float, workers: int) -> None:
+    """Adds the run's speed to the returned manifest (not to dataset.json, which stays reproducible).
+
+    `workers=0` stands for a Beam job.
+    """
     elapsed = time.monotonic() - started
     total = sum(s["num_examples"] for s in manifest["splits"].values())
     nbytes = sum(sh["bytes"] for s in manifest["splits"].values() for sh in s["shards"])
     manifest["stats"] = {"seconds": elapsed, "examples_per_second": total / max(elapsed, 1e-9),
                          "mb_per_second": nbytes / shard_plan.MB / max(elapsed, 1e-9),
-                         "workers": plan.num_workers}
-    logging.info("%s", summary_line(output_dir, manifest))
-    return manifest
+                         "workers": workers}
 
 
 def summary_line(output_dir: str, manifest: dict) -> str:
@@ -113,11 +121,12 @@ def summary_line(output_dir: str, manifest: dict) -> str:
     stats = manifest.get("stats")
     if stats:
         text += (f"; {stats['seconds']:.1f}s, {stats['examples_per_second']:,.0f} examples/s, "
-                 f"{stats['mb_per_second']:,.1f} MB/s with {stats['workers']} worker(s)")
+                 f"{stats['mb_per_second']:,.1f} MB/s "
+                 + (f"with {stats['workers']} worker(s)" if stats["workers"] else "with Beam"))
     return text
 
 
-def _make_plan(pipeline, source, info, output_dir, *, splits, num_shards, shard_size_mb,
+def make_plan(pipeline, source, info, output_dir, *, splits, num_shards, shard_size_mb,
                workers, seed):
     fractions = dict(splits) if splits else None
     default_fractions = dict(pipeline.default_splits)
@@ -223,7 +232,7 @@ def remove_shards(plan) -> None:
         logging.warning("could not clean %s: %s", plan.output_dir, e)
 
 
-def _finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction) -> dict:
+def finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction) -> dict:
     """Checks the bad-row fraction, completes empty shards, writes bad_rows.jsonl and the manifest."""
     shards = {}
     for summary in summaries:
