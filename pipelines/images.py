@@ -131,7 +131,7 @@ def probe_image(data: bytes) -> tuple[str, int, int]:
         raise BadRow(f"truncated or corrupt {image_format.upper()}: its header cannot be read "
                      f"({len(data)} bytes)") from None
     except Exception as e:  # truncated/corrupt headers surface as OSError, SyntaxError, struct.error...
-        raise BadRow(f"corrupt {image_format.upper()}: {type(e).__name__}: {e}") from None
+        raise BadRow(f"truncated or corrupt {image_format.upper()}: {type(e).__name__}: {e}") from None
     if image_format == "jpeg":
         _jpeg_check(data)
     if width <= 0 or height <= 0:
