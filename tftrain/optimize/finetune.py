@@ -30,7 +30,7 @@ def strategy_scope(strategy=None):
 
 
 def finetune(model: keras.Model, train_data, *, epochs: int, steps_per_epoch: int, loss,
-             learning_rate: float = 1e-4, optimizer=None, callbacks=(), strategy=None,
+             learning_rate: float = 1e-3, optimizer=None, callbacks=(), strategy=None,
              verbose: int = 0) -> keras.callbacks.History:
     """Compiles `model` with `loss` and an Adam optimizer (or `optimizer`) and fits it.
 

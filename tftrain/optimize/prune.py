@@ -133,7 +133,7 @@ class PruneResult:
 
 def prune_model(model: keras.Model, train_data, *, steps_per_epoch: int, epochs: int,
                 target_sparsity: float = 0.8, m_by_n: tuple[int, int] | None = None,
-                schedule: str = "polynomial", loss=None, learning_rate: float = 1e-4,
+                schedule: str = "polynomial", loss=None, learning_rate: float = 1e-3,
                 optimizer_fn=None, strategy=None, verbose: int = 0) -> PruneResult:
     """Fine-tunes a pruned float32 clone of `model` and returns it stripped of its wrappers.
 

@@ -144,7 +144,7 @@ def quantization_aware_model(model: keras.Model, *, preserve_sparsity: bool = Fa
 
 def quantization_aware_training(model: keras.Model, train_data, *, steps_per_epoch: int,
                                 epochs: int = 1, preserve_sparsity: bool = False, loss=None,
-                                learning_rate: float = 1e-4, optimizer_fn=None, strategy=None,
+                                learning_rate: float = 1e-3, optimizer_fn=None, strategy=None,
                                 verbose: int = 0) -> tuple[keras.Model, list[str]]:
     """Fine-tunes a quantization-aware clone of `model` in float32; returns it and its float layers."""
     loss = loss or finetune_lib.training_loss(model)
