@@ -23,6 +23,7 @@ CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
 OPTIMIZERS = ("sgd", "adam", "adamw")
+SERVICE_MODES = ("parallel_epochs", "distributed_epoch")
 LR_SCHEDULES = ("constant", "step", "cosine", "plateau")
 MONITORS = ("val_accuracy", "val_loss", "accuracy", "loss")
 
@@ -40,6 +41,8 @@ class DataConfig:
     batch_size: int = 64  # global batch size, over all replicas and workers
     shuffle_buffer: int = 10_000
     cache: bool = False
+    service_address: str = ""  # host:port of a tf.data service dispatcher: train input runs there
+    service_mode: str = "parallel_epochs"  # parallel_epochs | distributed_epoch (tf.data service)
 
 
 @dataclasses.dataclass
@@ -83,6 +86,7 @@ class RuntimeConfig:
     tpu: str = ""  # local | NAME | grpc://host:port
     cpu_devices: int = 0  # >0: split the CPU into this many virtual devices (tests, mirrored on CPU)
     mixed_precision: str = "float32"
+    tpu_timeout: int = 60  # seconds to connect to and initialize the TPU before giving up
 
 
 @dataclasses.dataclass
@@ -306,6 +310,8 @@ def validate(config: Config) -> None:
                           f"({config.train.learning_rate}) for lr_schedule={config.train.lr_schedule}")
     if config.runtime.cpu_devices < 0:
         raise ConfigError(f"runtime.cpu_devices must be >= 0, got {config.runtime.cpu_devices}")
+    choice("data.service_mode", config.data.service_mode, SERVICE_MODES)
+    positive("runtime.tpu_timeout", config.runtime.tpu_timeout)
     if config.runtime.strategy == "tpu" and not config.runtime.tpu:
         raise ConfigError("runtime.strategy=tpu needs runtime.tpu (or --tpu): local, a TPU name, "
                           "or grpc://host:port")

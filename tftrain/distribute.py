@@ -5,12 +5,10 @@ Call `create_strategy` before any other TensorFlow op: virtual CPU devices, coll
 """
 from __future__ import annotations
 
-import json
-import os
-
 import tensorflow as tf
 from absl import logging
 
+from tftrain import cluster
 from tftrain.config import RuntimeConfig
 from tftrain.errors import ConfigError, TftrainError
 
@@ -38,6 +36,8 @@ def create_strategy(runtime: RuntimeConfig) -> tf.distribute.Strategy:
     if name == "auto":
         if runtime.tpu:
             name = "tpu"
+        elif cluster.num_workers() > 1:
+            name = "multi_worker_mirrored"
         elif tf.config.list_physical_devices("GPU"):
             name = "mirrored"
         else:
@@ -75,42 +75,109 @@ def _mirrored(runtime):
         return tf.distribute.MirroredStrategy([d.name for d in gpus])
     cpus = tf.config.list_logical_devices("CPU")
     if runtime.cpu_devices > 1:
-        return tf.distribute.MirroredStrategy([d.name for d in cpus[: runtime.cpu_devices]])
+        # Reduce through one device rather than with collectives: collective instance keys restart
+        # with every strategy object, so a second Mirrored strategy in the same process (tests,
+        # notebooks) would clash with the first one's cached collective parameters.
+        return tf.distribute.MirroredStrategy([d.name for d in cpus[: runtime.cpu_devices]],
+                                              cross_device_ops=tf.distribute.ReductionToOneDevice())
     logging.warning("strategy mirrored: no GPU and runtime.cpu_devices <= 1, so one CPU replica; "
                     "set runtime.cpu_devices=N to mirror over N virtual CPU devices")
     return tf.distribute.MirroredStrategy([cpus[0].name])
 
 
 def _multi_worker_mirrored(runtime):
-    tf_config = os.environ.get("TF_CONFIG")
-    if not tf_config:
+    parsed = cluster.tf_config()  # a malformed TF_CONFIG is a ConfigError naming it
+    if not parsed:
         raise ConfigError(
             "strategy multi_worker_mirrored needs the TF_CONFIG environment variable "
             '(e.g. {"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type": "worker", '
-            '"index": 0}}); `tftrain launch --num_workers=N -- train ...` sets it for local runs')
-    try:
-        parsed = json.loads(tf_config)
-        workers = parsed["cluster"]["worker"]
-        index = parsed["task"]["index"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"TF_CONFIG is not valid ({e!r}): {tf_config}") from None
-    if not 0 <= int(index) < len(workers):
-        raise ConfigError(f"TF_CONFIG task index {index} is outside the {len(workers)} workers")
+            '"index": 0}}) or --worker_hosts=host:port,host:port --task_index=i; '
+            "`tftrain launch --num_workers=N -- train ...` sets it for local runs")
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    options = tf.distribute.experimental.CommunicationOptions(
+        implementation=tf.distribute.experimental.CommunicationImplementation.RING)
+    task_type, index = cluster.task()
+    logging.info("multi-worker: %s %d of %d workers %s", task_type, index, cluster.num_workers(),
+                 parsed["cluster"].get("worker"))
+    return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
+                                                     communication_options=options)
 
 
 def _tpu(runtime):
+    """TPUClusterResolver -> connect (not for `local`) -> initialize the TPU system -> TPUStrategy.
+
+    Every step that may wait on the network is bounded by `runtime.tpu_timeout` seconds, so a
+    machine without a reachable TPU fails with one clear error instead of hanging.
+    """
     tpu = runtime.tpu or "local"
-    try:
+    timeout = runtime.tpu_timeout
+    if tpu.startswith("grpc://"):
+        _check_reachable(tpu, timeout)
+
+    def connect():
         resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
         if tpu != "local":
             tf.config.experimental_connect_to_cluster(resolver)
         tf.tpu.experimental.initialize_tpu_system(resolver)
-    except (ValueError, RuntimeError, tf.errors.OpError) as e:
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return resolver
+
+    try:
+        resolver = _bounded(connect, timeout)
+    except TimeoutError:
         raise TftrainError(
-            f"cannot reach TPU {tpu!r}: {first_line}. On a Cloud TPU VM use --tpu=local with "
-            "tensorflow-tpu installed (pip install 'tftrain[tpu]'); for a TPU node give its name "
-            "or grpc://host:8470") from None
+            f"TPU {tpu!r} did not answer within runtime.tpu_timeout={timeout}s (connect and "
+            f"initialize). {_TPU_HINT}") from None
+    except Exception as e:  # TF raises many kinds here (ValueError, OpError, URLError, ...)
+        raise TftrainError(f"cannot reach TPU {tpu!r}: {_first_line(e)}. {_TPU_HINT}") from None
     return tf.distribute.TPUStrategy(resolver)
+
+
+_TPU_HINT = ("On a Cloud TPU VM use --tpu=local with tensorflow-tpu installed (pip install "
+             "'tftrain[tpu]'); for a TPU node give its name or grpc://host:8470 (see docs/tpu.md)")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    if "ConfigureDistributedTPU" in text or "TPU" in type(error).__name__:
+        return "no TPU devices or TPU runtime on this machine (TPU system initialization failed)"
+    return text.splitlines()[0][:300] if text else type(error).__name__
+
+
+def _check_reachable(address: str, timeout: float) -> None:
+    """A TCP connect to grpc://host:port, so an address where nothing listens fails at once."""
+    import socket
+
+    host, _, port = address[len("grpc://"):].rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--tpu={address!r} is not grpc://host:port")
+    try:
+        socket.create_connection((host, int(port)), timeout=min(timeout, 10)).close()
+    except OSError as e:
+        raise TftrainError(f"cannot reach TPU {address!r}: nothing answers at {host}:{port} "
+                           f"({e.strerror or e}). {_TPU_HINT}") from None
+
+
+def _bounded(fn, timeout: float):
+    """Runs `fn()` in a daemon thread; its result, its exception, or TimeoutError after `timeout`s.
+
+    TensorFlow's TPU connect can block forever on an address that accepts connections but does
+    not speak its protocol; the daemon thread is abandoned and the process can still exit.
+    """
+    import threading
+
+    result: dict = {}
+
+    def run():
+        try:
+            result["value"] = fn()
+        except BaseException as e:  # noqa: BLE001  (re-raised in the caller's thread)
+            result["error"] = e
+
+    thread = threading.Thread(target=run, name="tpu-connect", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError
+    if "error" in result:
+        raise result["error"]
+    return result["value"]

@@ -23,6 +23,7 @@ COMMANDS = {
     "evaluate": "Evaluate a SavedModel or .tflite model on a dataset split.",
     "prune": "Prune a trained model (magnitude, m:n) and measure it against the float model.",
     "quantize": "Quantize to TFLite (dynamic, int8, float16, qat), evaluated and gated on accuracy.",
+    "launch": "Run a command (train) as N local multi-worker processes on loopback: launch -- train ...",
 }
 
 HELP_ARGS = ("-h", "--help", "-?", "--helpshort")

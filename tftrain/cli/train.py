@@ -10,9 +10,15 @@ from tftrain.cli.common import use_flags
 
 FLAGS = flags.FLAGS
 use_flags(__name__, "config", "params_override", "model_dir", "strategy", "tpu", "overwrite")
+flags.DEFINE_list("worker_hosts", None, "Multi-worker training without TF_CONFIG: every worker's "
+                  "host:port, the same list on each worker (implies "
+                  "--strategy=multi_worker_mirrored). The gRPC servers have no authentication: "
+                  "use a private network.")
+flags.DEFINE_integer("task_index", None, "This worker's index in --worker_hosts (0 is the chief).")
 
 
 def main(argv):
+    from tftrain import cluster  # no TensorFlow: TF_CONFIG must be set before it starts
     from tftrain import config as config_lib
     from tftrain.errors import ConfigError
 
@@ -20,7 +26,17 @@ def main(argv):
         raise ConfigError(f"unexpected arguments {argv[1:]}: every option is a --flag")
     flag_values = {key: value for key, value in (("runtime.strategy", FLAGS.strategy),
                                                   ("runtime.tpu", FLAGS.tpu)) if value is not None}
+    if FLAGS.worker_hosts is not None or FLAGS.task_index is not None:
+        if FLAGS.worker_hosts is None or FLAGS.task_index is None:
+            raise ConfigError("--worker_hosts and --task_index go together (host:port list, index)")
+        cluster.set_tf_config(FLAGS.worker_hosts, FLAGS.task_index)  # before TensorFlow starts
+        flag_values.setdefault("runtime.strategy", "multi_worker_mirrored")
     config = config_lib.build_config(FLAGS.config, flag_values, FLAGS.params_override)
+
+    workers = cluster.num_workers()
+    if workers > 1 and not FLAGS.model_dir:
+        raise ConfigError(f"multi-worker training ({workers} workers) needs --model_dir, the same "
+                          "on every worker (a shared filesystem or gs://)")
 
     from tftrain import run_dir, train  # starts TensorFlow: only after the config is valid
 
@@ -29,5 +45,9 @@ def main(argv):
     summary = train.train(config, model_dir, overwrite=FLAGS.overwrite)
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in summary["eval"].items() if isinstance(v, float))
     print(f"{summary['eval']['split']} split: {metrics}")
-    print(f"model exported to {model_dir}/export; summary in {model_dir}/summary.json")
+    if cluster.is_chief():
+        print(f"model exported to {model_dir}/export; summary in {model_dir}/summary.json")
+    else:
+        task_type, index = cluster.task()
+        print(f"{task_type} {index} of {workers} done; the chief writes the run's files")
     return 0

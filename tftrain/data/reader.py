@@ -129,10 +129,25 @@ def load_distributed(strategy: tf.distribute.Strategy, data_dir: str, split: str
         raise DataError(f"batch size {global_batch_size} does not split over {replicas} replicas; "
                         "choose a multiple of the replica count")
     if not training:
-        return load(data_dir, split, global_batch_size, training, **kwargs)
+        dataset = load(data_dir, split, global_batch_size, training, **kwargs)
+        return _shard_by_example_across_workers(dataset)
 
     def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         return load(data_dir, split, input_context.get_per_replica_batch_size(global_batch_size),
                     training, input_context=input_context, **kwargs)
 
     return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def _shard_by_example_across_workers(dataset: tf.data.Dataset) -> tf.data.Dataset:
+    """Multi-worker evaluation: shard by example (DATA), which works with any number of files.
+
+    Automatic FILE sharding fails outright when a split has fewer files than workers.
+    """
+    from tftrain import cluster
+
+    if cluster.num_workers() <= 1:
+        return dataset
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options)

@@ -1,0 +1,88 @@
+"""Running `tftrain launch` (and other tftrain commands) as real subprocesses, cleaned up after."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+TFTRAIN = [sys.executable, "-c", "import sys; from tftrain.cli import run; run(['tftrain'] + sys.argv[1:])"]
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class Running:
+    """A tftrain subprocess whose output is collected line by line in the background."""
+
+    def __init__(self, args: list[str], cwd, env: dict | None = None):
+        self.lines: list[str] = []
+        self.process = subprocess.Popen(
+            TFTRAIN + args, cwd=str(cwd), env={**os.environ, **(env or {})},
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for_line(self, pattern: str, timeout: float) -> str:
+        """The first output line matching `pattern`; fails the test after `timeout` seconds."""
+        regex = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while time.monotonic() < deadline:
+            for line in self.lines[seen:]:
+                if regex.search(line):
+                    return line
+            seen = len(self.lines)
+            if self.process.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"no line matching {pattern!r} within {timeout}s; output:\n{self.tail()}")
+
+    def worker_pids(self) -> dict[int, int]:
+        """Worker index -> pid, from the launcher's `[launch] worker i: pid N` lines."""
+        found = {}
+        for line in self.lines:
+            match = re.match(r"\[launch\] worker (\d+): pid (\d+)", line)
+            if match:
+                found[int(match.group(1))] = int(match.group(2))
+        return found
+
+    def wait(self, timeout: float) -> int:
+        """The exit code; a process still running after `timeout` seconds fails the test."""
+        try:
+            code = self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"still running after {timeout}s; output:\n{self.tail()}") from None
+        self._reader.join(10)
+        return code
+
+    def tail(self, n: int = 60) -> str:
+        return "\n".join(self.lines[-n:])
+
+    def kill_all(self) -> None:
+        """Kills the process and every worker it reported (test cleanup)."""
+        pids = list(self.worker_pids().values())
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(10)
+        for pid in pids:
+            if pid_alive(pid):
+                os.killpg(pid, signal.SIGKILL)
