@@ -98,6 +98,11 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     if repeat:
         dataset = dataset.repeat()
     dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
+    num_examples = manifest.get("splits", {}).get(split, {}).get("num_examples")
+    if num_examples is not None and not repeat and not (input_context and input_context.num_input_pipelines > 1):
+        # A known size lets Keras evaluate with steps_per_execution > 1 without a step count.
+        batches = num_examples // batch_size if drop_remainder else -(-num_examples // batch_size)
+        dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches))
     spec = parse_spec(manifest.get("features") or pipeline.features(info))
 
     def parse_and_decode(serialized):

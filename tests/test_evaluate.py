@@ -1,0 +1,56 @@
+"""`tftrain evaluate` on SavedModels: metrics printed and written as JSON, clear errors."""
+import json
+
+import numpy as np
+import pytest
+import tf_keras as keras
+
+from tftrain import models, train
+from tftrain.data import load
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, digits_dir):
+    """A small model trained for a moment and exported the way `tftrain train` exports it."""
+    keras.utils.set_random_seed(0)
+    model = models.build_model("mlp", {"hidden_units": [32]}, (8, 8, 1), 10)
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    model.fit(load(digits_dir, "train", 32, training=True), epochs=3, verbose=0)
+    path = tmp_path_factory.mktemp("run") / "export"
+    train.export(model, str(path))
+    expected = model.evaluate(load(digits_dir, "test", 64, training=False), return_dict=True, verbose=0)
+    return path, expected
+
+
+def test_evaluate_prints_and_writes_metrics(cli, capsys, digits_dir, exported, tmp_path):
+    path, expected = exported
+    output = tmp_path / "metrics.json"
+    assert cli("evaluate", f"--model={path}", f"--data={digits_dir}", "--split=test",
+               f"--output={output}") == 0
+    printed = capsys.readouterr().out
+    assert "accuracy=" in printed and "loss=" in printed
+    metrics = json.loads(output.read_text())
+    assert metrics["split"] == "test" and metrics["model"] == str(path)
+    np.testing.assert_allclose(metrics["accuracy"], expected["accuracy"], atol=1e-6)
+    np.testing.assert_allclose(metrics["loss"], expected["loss"], rtol=1e-5)
+    assert metrics["accuracy"] > 0.5
+
+
+def test_default_output_is_next_to_the_model(cli, digits_dir, exported):
+    path, _ = exported
+    assert cli("evaluate", f"--model={path}", f"--data={digits_dir}", "--split=validation") == 0
+    assert json.loads((path.parent / "eval_validation.json").read_text())["split"] == "validation"
+
+
+def test_not_a_saved_model(cli, capsys, digits_dir, tmp_path):
+    assert cli("evaluate", f"--model={tmp_path}", f"--data={digits_dir}") == 1
+    assert "is not a SavedModel directory" in capsys.readouterr().err
+
+
+def test_unknown_split_and_missing_flags(cli, capsys, digits_dir, exported):
+    path, _ = exported
+    assert cli("evaluate", f"--model={path}", f"--data={digits_dir}", "--split=nope") == 1
+    assert "has no split 'nope'" in capsys.readouterr().err
+    assert cli("evaluate", f"--data={digits_dir}") == 2
+    assert "--model" in capsys.readouterr().err

@@ -1,0 +1,94 @@
+"""`tftrain.data.load`: ordering, shuffling, sharding over input pipelines, batching, caching."""
+import logging
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from pipelines import load_pipeline
+from tftrain.data import load, manifest as manifest_lib
+from tftrain.data.reader import load_distributed
+from tftrain.data.writer import write_dataset
+
+
+def _keys(dataset):
+    """One hashable key per example: its pixels and label."""
+    return [images[i].tobytes() + bytes([labels[i]])
+            for images, labels in dataset.as_numpy_iterator() for i in range(len(labels))]
+
+
+def _context(index, count=2):
+    return tf.distribute.InputContext(num_input_pipelines=count, input_pipeline_id=index,
+                                      num_replicas_in_sync=count)
+
+
+@pytest.fixture(scope="module")
+def one_shard_dir(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("one") / "digits")
+    write_dataset(load_pipeline("digits"), "", path, num_shards=1)
+    return path
+
+
+def test_evaluation_reads_every_example_once_in_file_order(digits_dir):
+    first = _keys(load(digits_dir, "validation", 16, training=False))
+    assert first == _keys(load(digits_dir, "validation", 16, training=False))
+    num_examples = manifest_lib.read(digits_dir)["splits"]["validation"]["num_examples"]
+    assert len(first) == num_examples
+    dataset = load(digits_dir, "validation", 16, training=False)
+    assert dataset.cardinality().numpy() == -(-num_examples // 16)  # known size, last batch kept
+
+
+def test_training_shuffles_each_epoch_and_drops_the_remainder(digits_dir):
+    dataset = load(digits_dir, "train", 32, training=True, seed=1)
+    assert dataset.element_spec[0].shape.as_list() == [32, 8, 8, 1]  # static batch dimension
+    assert dataset.element_spec[1].dtype == tf.int32
+    epochs = [_keys(dataset) for _ in range(2)]
+    everything = set(_keys(load(digits_dir, "train", 50, training=False)))
+    num_examples = manifest_lib.read(digits_dir)["splits"]["train"]["num_examples"]
+    assert epochs[0] != epochs[1]  # a new order each epoch
+    for epoch in epochs:  # full batches only; the remainder changes with the order
+        assert len(epoch) == num_examples // 32 * 32 and set(epoch) <= everything
+
+
+@pytest.mark.parametrize("files", ["two", "one"])
+def test_two_input_pipelines_cover_every_example_once(digits_dir, one_shard_dir, files, caplog):
+    data_dir = digits_dir if files == "two" else one_shard_dir
+    everything = _keys(load(data_dir, "train", 50, training=False))
+    with caplog.at_level(logging.WARNING):
+        shards = [_keys(load(data_dir, "train", 50, training=False, input_context=_context(i)))
+                  for i in range(2)]
+    assert sorted(shards[0] + shards[1]) == sorted(everything)
+    assert shards[0] and shards[1]
+    assert ("sharding by example" in caplog.text) == (files == "one")  # DATA fallback is announced
+
+
+def test_training_pipelines_shard_by_file(digits_dir):
+    shards = [_keys(load(digits_dir, "train", 10, training=True, drop_remainder=False,
+                         input_context=_context(i), seed=3)) for i in range(2)]
+    assert not set(shards[0]) & set(shards[1])
+    assert len(shards[0]) + len(shards[1]) == len(_keys(load(digits_dir, "train", 50, training=False)))
+
+
+def test_cache_and_repeat(digits_dir):
+    dataset = load(digits_dir, "test", 20, training=False, cache=True)
+    assert _keys(dataset) == _keys(dataset)
+    repeated = load(digits_dir, "test", 20, training=True, repeat=True)
+    assert len(list(repeated.take(50))) == 50  # more batches than one pass holds
+
+
+def test_load_distributed_splits_the_global_batch_over_replicas(digits_dir):
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+    dataset = load_distributed(strategy, digits_dir, "train", 32, training=True, repeat=True)
+    images, labels = next(iter(dataset))
+    per_replica = strategy.experimental_local_results(images)
+    assert [x.shape[0] for x in per_replica] == [16, 16]
+    evaluation = load_distributed(strategy, digits_dir, "validation", 32, training=False)
+    assert evaluation.element_spec[0].shape[0] in (None, 32)  # global batches, Keras splits them
+    with pytest.raises(Exception, match="does not split over 2 replicas"):
+        load_distributed(strategy, digits_dir, "train", 33, training=True)
+
+
+def test_images_are_decoded_in_range(digits_dir):
+    images, labels = next(iter(load(digits_dir, "test", 8, training=False)))
+    assert images.dtype == tf.float32 and 0.0 <= float(tf.reduce_min(images))
+    assert float(tf.reduce_max(images)) <= 1.0 and set(np.unique(labels)) <= set(range(10))

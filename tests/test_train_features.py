@@ -1,0 +1,139 @@
+"""`tftrain train` features on the digits dataset: schedules, steps, early stopping, checkpoints,
+steps_per_execution, gradient accumulation, mixed precision, the run directory."""
+import json
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+
+from tftrain import config as config_lib
+from tftrain import optimizers, precision, train
+from tftrain.errors import ConfigError
+
+SMALL_MODEL = "model.name=mlp,model.params={hidden_units: [32], dropout: 0.0}"
+
+
+def _config(digits_dir, overrides=""):
+    return config_lib.build_config(
+        "digits", overrides=f"data.dir={digits_dir},{SMALL_MODEL},train.epochs=2,"
+                            f"train.steps_per_epoch=6,{overrides}")
+
+
+def _scalars(log_dir, tag):
+    values = []
+    for path in tf.io.gfile.glob(f"{log_dir}/events.out.tfevents*"):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                if value.tag == tag:
+                    values.append(float(tf.make_ndarray(value.tensor)))
+    return values
+
+
+def test_cosine_warmup_lr_in_tensorboard_best_checkpoint_and_steps(tmp_path, digits_dir):
+    config = _config(digits_dir, "train.steps=14,train.lr_schedule=cosine,train.warmup_steps=3,"
+                                 "train.steps_per_execution=2,train.optimizer=sgd")
+    summary = train.train(config, str(tmp_path))
+    assert summary["steps"] == 14 and summary["epochs"] == 3  # 6 + 6 + 2 steps
+    rates = _scalars(tmp_path / "logs/train", "epoch_learning_rate")
+    assert len(rates) == 3 and rates[0] > rates[1] > rates[2]  # cosine decay after warmup
+    assert tf.io.gfile.glob(str(tmp_path / "checkpoints/best.index"))
+    assert summary["seconds_per_step"] > 0 and summary["examples_per_second"] > 0
+    assert not (tmp_path / "backup").exists()
+    with pytest.raises(Exception, match="holds a finished run"):
+        train.train(config, str(tmp_path))
+
+
+def test_early_stopping_on_a_flat_metric(tmp_path, digits_dir):
+    config = _config(digits_dir, "train.epochs=6,train.learning_rate=1.0e-12,"
+                                 "train.early_stopping_patience=1,train.monitor=val_accuracy")
+    summary = train.train(config, str(tmp_path))
+    assert summary["epochs"] == 2  # the best epoch, then one without improvement
+
+
+def test_reduce_on_plateau_lowers_the_rate(tmp_path, digits_dir):
+    config = _config(digits_dir, "train.epochs=4,train.learning_rate=1.0e-9,train.lr_schedule=plateau,"
+                                 "train.plateau_patience=1,train.lr_decay_rate=0.5,"
+                                 "train.monitor=val_loss")
+    train.train(config, str(tmp_path))
+    rates = _scalars(tmp_path / "logs/train", "epoch_learning_rate")
+    assert rates[0] == pytest.approx(1e-9) and rates[-1] < rates[0]
+
+
+def test_grad_accum_and_two_replicas_end_to_end(tmp_path, digits_dir):
+    config = _config(digits_dir, "train.grad_accum_steps=2,runtime.strategy=mirrored,"
+                                 "runtime.cpu_devices=2,data.batch_size=16")
+    summary = train.train(config, str(tmp_path))
+    assert summary["num_replicas"] == 2 and summary["grad_accum_steps"] == 2
+    assert summary["steps"] == 12 and math.isfinite(summary["eval"]["loss"])
+    exported = keras.models.load_model(str(tmp_path / "export"), compile=False)
+    assert exported.name == "mlp"  # the model itself, not the accumulation wrapper
+
+
+@pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
+def test_mixed_precision_float32_outputs_finite_loss(tmp_path, digits_dir, policy):
+    try:
+        summary = train.train(_config(digits_dir, f"runtime.mixed_precision={policy}"), str(tmp_path))
+        with tf.distribute.get_strategy().scope():
+            model = keras.models.load_model(str(tmp_path / "export"), compile=False)
+        assert model.dtype_policy.name == policy
+        assert model(np.zeros((2, 8, 8, 1), "float32")).dtype == tf.float32
+        assert summary["mixed_precision"] == policy and math.isfinite(summary["eval"]["loss"])
+        trainer = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+        trainer.compile(optimizers.make_optimizer(config_lib.TrainConfig(), 10, 10), "mse")
+        wrapped = isinstance(trainer.optimizer, keras.mixed_precision.LossScaleOptimizer)
+        assert wrapped == (policy == "mixed_float16")  # loss scaling for float16 only
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_auto_precision_is_float32_on_cpu():
+    assert precision.resolve_policy("auto", tf.distribute.get_strategy()) == "float32"
+
+
+def test_schedules():
+    def rate(overrides, steps_per_epoch=10, total=100, step=0):
+        cfg = config_lib.build_config("digits", overrides=overrides).train
+        lr = optimizers.make_schedule(cfg, steps_per_epoch, total)
+        return float(lr(step)) if callable(lr) else lr
+
+    assert rate("train.learning_rate=0.1") == 0.1
+    assert rate("train.learning_rate=0.1,train.lr_schedule=step,train.lr_decay_epochs=2",
+                step=19) == pytest.approx(0.1)
+    assert rate("train.learning_rate=0.1,train.lr_schedule=step,train.lr_decay_epochs=2",
+                step=20) == pytest.approx(0.01)
+    warm = "train.learning_rate=0.1,train.lr_schedule=cosine,train.warmup_steps=10,train.lr_min=0.001"
+    assert rate(warm, step=0) == pytest.approx(0.01)
+    assert rate(warm, step=9) == pytest.approx(0.1)
+    assert rate(warm, step=10) == pytest.approx(0.1)
+    assert rate(warm, step=100) == pytest.approx(0.001)
+    assert rate("train.learning_rate=0.1,train.warmup_steps=4", step=1) == pytest.approx(0.05)
+    assert isinstance(optimizers.make_optimizer(
+        config_lib.build_config("digits", overrides="train.optimizer=adamw").train, 1, 1),
+        keras.optimizers.AdamW)
+
+
+def test_plan_steps():
+    cfg = config_lib.TrainConfig(epochs=3)
+    assert train.plan_steps(cfg, 100, 32) == train.StepPlan(3, 3, 9)
+    cfg = config_lib.TrainConfig(steps=10, steps_per_epoch=4)
+    assert train.plan_steps(cfg, 100, 32) == train.StepPlan(4, 3, 10)
+    assert train.plan_steps(config_lib.TrainConfig(steps=2), 100, 32) == train.StepPlan(2, 1, 2)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lr_schedule=linear", "not one of"),
+    ("train.grad_accum_steps=0", "grad_accum_steps must be > 0"),
+    ("train.lr_schedule=plateau,train.warmup_steps=5", "cannot be combined"),
+    ("train.monitor=val_acc", "did you mean 'val_accuracy'"),
+    ("train.backup_every_steps=-1", "backup_every_steps must be >= 0"),
+])
+def test_bad_training_config(override, message):
+    with pytest.raises(ConfigError, match=message):
+        config_lib.build_config("digits", overrides=override)
+
+
+def test_summary_is_json(tmp_path, digits_dir):
+    summary = train.train(_config(digits_dir, "train.epochs=1"), str(tmp_path))
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == summary["steps"] == 6
