@@ -20,7 +20,7 @@ import time
 
 from absl import logging
 
-from tftrain.data import shard_worker, writer
+from tftrain.data import shard_plan, shard_worker, writer
 from tftrain.errors import BadRow, ConfigError, DataError
 from tftrain.fileio import read_json, remove, write_json
 
@@ -53,7 +53,7 @@ class _EncodeFn:  # wrapped in a beam.DoFn subclass at run time (apache_beam is 
         if self.key:
             values = example.features.feature[self.key].int64_list.value
             label = int(values[0]) if len(values) == 1 else None
-        yield (split, self.plan.shard_of(row.key, split, 0)), (example.SerializeToString(), label)
+        yield (split, self.plan.shard_of(row.key, split, 0)), (example.SerializeToString(deterministic=True), label)
 
 
 def _write_shard(item, plan) -> dict:
@@ -102,19 +102,20 @@ def write_dataset_beam(pipeline, source: str, output_dir: str, *, beam_options: 
         from apache_beam.options.pipeline_options import PipelineOptions
     except ImportError:
         raise ConfigError("--runner=beam needs Apache Beam: pip install 'tftrain[beam]'.") from None
-    if not 0 <= max_bad_fraction <= 1:
-        raise ConfigError(f"--max_bad_fraction={max_bad_fraction} must be between 0 and 1.")
+    shard_plan.check_args(num_shards=num_shards, shard_size_mb=shard_size_mb,
+                          max_bad_fraction=max_bad_fraction)
+    writer.refuse_existing(output_dir, overwrite)
     try:
         options = PipelineOptions(shlex.split(beam_options or "--runner=DirectRunner"))
     except (ValueError, SystemExit) as e:
         raise ConfigError(f"bad --beam_options={beam_options!r}: {e}") from None
 
-    writer.prepare_output_dir(output_dir, overwrite)
     started = time.monotonic()
     info = pipeline.prepare(source)
     plan, _ = writer.make_plan(pipeline, source, info, output_dir, splits=splits,
-                                num_shards=num_shards, shard_size_mb=shard_size_mb, workers=1,
-                                seed=seed)
+                               num_shards=num_shards, shard_size_mb=shard_size_mb, workers=1,
+                               seed=seed)
+    writer.prepare_output_dir(output_dir, overwrite)
     partitions = max(MIN_READ_PARTITIONS, min(64, sum(plan.shards.values())))
     key = shard_worker.label_key(pipeline.features(info), info)
     encode = type("EncodeFn", (_EncodeFn, beam.DoFn), {})(pipeline, info, plan, key)

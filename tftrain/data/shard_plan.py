@@ -21,7 +21,8 @@ import posixpath
 
 from tftrain.data import manifest as manifest_lib
 from tftrain.data.splits import assign_shard, assign_split
-from tftrain.errors import BadRow, ConfigError
+from tftrain.data.shard_worker import RowFailed
+from tftrain.errors import BadRow, ConfigError, DataError
 
 MB = 1 << 20
 DEFAULT_SHARD_MB = 150
@@ -104,10 +105,13 @@ def take_sample(pipeline, source: str, info: dict, split_of) -> Sample:
                 try:
                     if isinstance(row.value, BadRow):
                         raise row.value
-                    sample.encoded_bytes += len(pipeline.encode(row, info).SerializeToString())
+                    sample.encoded_bytes += len(pipeline.encode(row, info).SerializeToString(deterministic=True))
                     sample.encoded_rows += 1
                 except BadRow as e:
                     sample.bad_reasons.append(f"{row.key}: {e}")
+                except Exception as e:
+                    raise DataError(f"pipeline {pipeline.name!r} failed: "
+                                    f"{RowFailed(row.key, e)}") from e
         sample.exhausted = True
         return sample
     finally:
@@ -170,12 +174,8 @@ def shards_for(nbytes: float, target_mb: float, workers: int) -> int:
     return max(workers, workers * round(raw / workers))
 
 
-def choose(*, sample: Sample, sizes: dict | None, fractions: dict | None, default_fractions: dict,
-           workers: int | None, num_shards: int | None, shard_size_mb: float | None) -> tuple:
-    """Returns (num_workers, {split: shards}, default_shards, estimated_rows, notes).
-
-    `workers=None` means all cores, or 1 when the source is small (read whole in the sample).
-    """
+def check_args(*, num_shards=None, shard_size_mb=None, workers=None, max_bad_fraction=0.0) -> None:
+    """Raises ConfigError for a bad combination of writer arguments (before any file is touched)."""
     if num_shards is not None and shard_size_mb is not None:
         raise ConfigError("pass either --num_shards or --shard_size_mb, not both.")
     if num_shards is not None and num_shards < 1:
@@ -184,6 +184,17 @@ def choose(*, sample: Sample, sizes: dict | None, fractions: dict | None, defaul
         raise ConfigError(f"--shard_size_mb={shard_size_mb} must be positive.")
     if workers is not None and workers < 1:
         raise ConfigError(f"--workers={workers} must be at least 1 (or 0 for all cores).")
+    if not 0 <= max_bad_fraction <= 1:
+        raise ConfigError(f"--max_bad_fraction={max_bad_fraction} must be between 0 and 1.")
+
+
+def choose(*, sample: Sample, sizes: dict | None, fractions: dict | None, default_fractions: dict,
+           workers: int | None, num_shards: int | None, shard_size_mb: float | None) -> tuple:
+    """Returns (num_workers, {split: shards}, default_shards, estimated_rows, notes).
+
+    `workers=None` means all cores, or 1 when the source is small (read whole in the sample).
+    """
+    check_args(num_shards=num_shards, shard_size_mb=shard_size_mb, workers=workers)
     notes = []
     if workers is None:
         workers = 1 if sample.exhausted else (os.cpu_count() or 1)

@@ -83,7 +83,7 @@ def run(pipeline, source: str, info: dict, plan, worker: int, *, report=None,
                 if isinstance(row.value, BadRow):
                     raise row.value
                 example = pipeline.encode(row, info)
-                data = example.SerializeToString()
+                data = example.SerializeToString(deterministic=True)
             except BadRow as e:
                 bad_file.write(json.dumps({"key": row.key, "split": split, "reason": str(e)}) + "\n")
                 bad_counts[split] += 1

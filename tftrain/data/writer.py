@@ -34,12 +34,17 @@ _LEFTOVER = re.compile(r"^(\..*\.tmp-[0-9a-f]+|[\w.-]+-\d{5}-of-\d{5}\.tfrecord|
                        + r"\.tmp-\d+)$")
 
 
+def refuse_existing(output_dir: str, overwrite: bool) -> None:
+    """Raises unless `output_dir` holds no complete dataset or `overwrite` is set."""
+    if manifest_lib.exists(output_dir) and not overwrite:
+        raise TftrainError(
+            f"{output_dir} already holds a complete dataset; pass --overwrite to replace it.")
+
+
 def prepare_output_dir(output_dir: str, overwrite: bool) -> None:
     """Refuses to replace a complete dataset unless `overwrite`; clears leftovers of a killed run."""
+    refuse_existing(output_dir, overwrite)
     if manifest_lib.exists(output_dir):
-        if not overwrite:
-            raise TftrainError(
-                f"{output_dir} already holds a complete dataset; pass --overwrite to replace it.")
         # The manifest goes first: from here on the directory is not a dataset until rewritten.
         tf.io.gfile.remove(join(output_dir, manifest_lib.MANIFEST_NAME))
     tf.io.gfile.makedirs(output_dir)
@@ -67,14 +72,15 @@ def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
     skipped and listed in bad_rows.jsonl; above `max_bad_fraction` of all rows the run fails and
     leaves no dataset. See `tftrain.data.shard_plan` for what is deterministic.
     """
-    if not 0 <= max_bad_fraction <= 1:
-        raise ConfigError(f"--max_bad_fraction={max_bad_fraction} must be between 0 and 1.")
-    prepare_output_dir(output_dir, overwrite)
+    shard_plan.check_args(num_shards=num_shards, shard_size_mb=shard_size_mb, workers=workers,
+                          max_bad_fraction=max_bad_fraction)
+    refuse_existing(output_dir, overwrite)
     started = time.monotonic()
     info = pipeline.prepare(source)
     plan, estimated_rows = make_plan(pipeline, source, info, output_dir, splits=splits,
-                                      num_shards=num_shards, shard_size_mb=shard_size_mb,
-                                      workers=workers, seed=seed)
+                                     num_shards=num_shards, shard_size_mb=shard_size_mb,
+                                     workers=workers, seed=seed)
+    prepare_output_dir(output_dir, overwrite)
     meter = Progress(estimated_rows, label=f"convert {pipeline.name}") if progress else None
     try:
         if plan.num_workers == 1:
@@ -207,7 +213,9 @@ def _collect(processes, messages, plan, meter) -> list[dict]:
             _, _, name, text, trace = message
             logging.error("conversion worker %d failed:\n%s", worker, trace)
             error = {"ConfigError": ConfigError, "DataError": DataError}.get(name)
-            if error is None and name != "TftrainError":
+            if error is None and name == "RowFailed":
+                error = DataError
+            elif error is None and name != "TftrainError":
                 error = DataError
                 text = f"{name}: {text}"
             raise (error or TftrainError)(
