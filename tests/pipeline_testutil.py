@@ -1,6 +1,8 @@
 """Helpers for the pipeline tests: convert real files with the writer, read them back with `load`."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -38,3 +40,19 @@ def bad_row_reason(pipeline, row, info) -> str:
     with pytest.raises(BadRow) as raised:
         pipeline.encode(row, info)
     return str(raised.value)
+
+
+def assert_trains(data_dir, layers) -> None:
+    """One epoch of a small Keras classifier on the train split lowers the loss and fits it."""
+    import tf_keras as keras
+
+    data = load(str(data_dir), "train", 32, training=True, seed=1)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(layers())
+    model.compile(keras.optimizers.Adam(0.05),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    before = model.evaluate(data, verbose=0)[0]
+    history = model.fit(data, epochs=1, verbose=0)
+    after, accuracy = model.evaluate(data, verbose=0)
+    assert math.isfinite(history.history["loss"][0])
+    assert after < before and accuracy > 0.8, (before, after, accuracy)
