@@ -23,6 +23,9 @@ standardized numbers followed by one-hot categories, which a plain `Dense` model
 directly. With `output=dict`, `x` is instead a dict of per-column tensors (standardized float32
 numbers, int64 category ids, raw strings) for models with their own preprocessing.
 
+Options: label_column (default `label`), columns, delimiter (default `,`, tab for `.tsv`;
+`tab` names a tab), allow_nan (false), max_categories (100), output (`matrix` or `dict`).
+
 A source is one CSV file, a glob, or a directory of them; all must share the header. Files named
 `train*.csv`, `validation*.csv`, `test*.csv` keep those source splits.
 """
