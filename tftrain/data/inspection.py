@@ -140,7 +140,11 @@ def verify_shard(path: str, shard: dict, spec: dict) -> list[Problem]:
         except tf.errors.InvalidArgumentError:
             problems.append(_find_unparsable_record(name, batch, spec, count))
         count += int(batch.shape[0])
-    if count != shard["num_examples"]:
+    if count < shard["num_examples"] and size < shard["bytes"]:
+        # A cut inside a record header reads as a clean end of file: name where it ends.
+        problems.append(Problem(name, f"truncated: the file ends after {count:,} of "
+                                f"{shard['num_examples']:,} records", count))
+    elif count != shard["num_examples"]:
         problems.append(Problem(name, f"{count:,} records, the manifest says {shard['num_examples']:,}"))
     return problems
 

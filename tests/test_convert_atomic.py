@@ -1,0 +1,84 @@
+"""Interrupting a conversion (kill -9, Ctrl-C) leaves nothing a reader accepts; the rerun completes."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import PYTHON, REPO
+from tftrain.data import inspection, load
+from tftrain.data import manifest as manifest_lib
+from tftrain.errors import DataError
+
+N = 3000
+
+
+def start_conversion(output, *extra):
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.Popen(
+        [PYTHON, "-c", "from tftrain.cli import run; run()", "convert",
+         "--pipeline=tests.test_convert", f"--pipeline_options=n={N},sleep_ms=3",
+         f"--output={output}", "--num_shards=4", *extra],
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_shard_files(output, process, timeout=180):
+    """Waits until the conversion has begun writing shards (temporary files exist)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if os.path.isdir(output) and any(".tmp-" in n and "tfrecord" in n for n in os.listdir(output)):
+            return
+        assert process.poll() is None, process.communicate()
+        time.sleep(0.05)
+    pytest.fail("the conversion never started writing shards")
+
+
+def children(pid):
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
+    return [int(p) for p in out.stdout.split()]
+
+
+def assert_not_a_dataset(output):
+    assert not manifest_lib.exists(output)
+    with pytest.raises(DataError, match="dataset.json is missing"):
+        load(output, "train", 8, training=False)
+
+
+def test_kill_9_mid_write_then_rerun(tmp_path):
+    output = str(tmp_path / "out")
+    process = start_conversion(output, "--workers=2")
+    wait_for_shard_files(output, process)
+    workers = children(process.pid)
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait()
+    # The workers die with their parent (PR_SET_PDEATHSIG) and publish nothing.
+    deadline = time.monotonic() + 30
+    while any(os.path.exists(f"/proc/{w}") and "Z" not in open(f"/proc/{w}/stat").read().split()[2]
+              for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [w for w in workers if os.path.exists(f"/proc/{w}")
+                and open(f"/proc/{w}/stat").read().split()[2] != "Z"]
+    assert_not_a_dataset(output)
+    # The rerun clears the leftovers and completes (in-process, one worker, to stay fast).
+    from tests.test_convert import Pipeline
+    from tftrain.data.writer import write_dataset
+
+    manifest = write_dataset(Pipeline(n=N), "", output, num_shards=4, workers=1)
+    assert sum(s["num_examples"] for s in manifest["splits"].values()) == N
+    assert not [n for n in os.listdir(output) if "tmp" in n]
+    assert inspection.verify(output) == []
+
+
+def test_ctrl_c_stops_cleanly(tmp_path):
+    output = str(tmp_path / "out")
+    process = start_conversion(output, "--workers=1")
+    wait_for_shard_files(output, process)
+    process.send_signal(signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 130, err
+    assert "interrupted" in err
+    assert_not_a_dataset(output)
+    assert [n for n in os.listdir(output) if n.endswith(".tfrecord") or ".tmp" in n] == []

@@ -1,0 +1,50 @@
+"""--runner=beam (DirectRunner): the same examples, splits and manifest as the local writer."""
+from __future__ import annotations
+
+import json
+
+from tests.test_convert import Pipeline, records
+from tftrain.data import inspection, load
+from tftrain.data.beam_writer import write_dataset_beam
+from tftrain.data.writer import write_dataset
+
+BEAM = "--runner=DirectRunner --direct_num_workers=2 --direct_running_mode=multi_threading"
+
+
+def test_beam_matches_the_local_writer(tmp_path):
+    pipeline = Pipeline(n=300, bad_every=40)
+    local = write_dataset(pipeline, "", str(tmp_path / "local"), workers=1, num_shards=3,
+                          max_bad_fraction=0.05)
+    beam = write_dataset_beam(pipeline, "", str(tmp_path / "beam"), beam_options=BEAM,
+                              num_shards=3, max_bad_fraction=0.05)
+    assert set(beam["splits"]) == set(local["splits"]) == {"train", "test"}
+    for split in beam["splits"]:
+        assert sorted(records(tmp_path / "beam", split)) == sorted(records(tmp_path / "local", split))
+        assert beam["splits"][split]["num_examples"] == local["splits"][split]["num_examples"]
+        assert beam["splits"][split]["label_counts"] == local["splits"][split]["label_counts"]
+        assert [s["file"] for s in beam["splits"][split]["shards"]] == \
+            [s["file"] for s in local["splits"][split]["shards"]]
+    assert set(beam) == set(local)
+    assert beam["features"] == local["features"] and beam["info"] == local["info"]
+    assert beam["bad_rows"] == local["bad_rows"]
+    bad = [json.loads(line) for line in (tmp_path / "beam" / "bad_rows.jsonl").read_text().splitlines()]
+    assert sorted(b["key"] for b in bad) == sorted(
+        json.loads(line)["key"] for line in (tmp_path / "local" / "bad_rows.jsonl").read_text().splitlines())
+    assert not [p.name for p in (tmp_path / "beam").iterdir() if "tmp" in p.name]
+    assert inspection.verify(str(tmp_path / "beam")) == []
+    # The same reader accepts it.
+    batches = list(load(str(tmp_path / "beam"), "test", 16, training=False).as_numpy_iterator())
+    assert sum(len(b[1]) for b in batches) == beam["splits"]["test"]["num_examples"]
+
+
+def test_beam_cli_and_errors(tmp_path, cli, capsys):
+    out = str(tmp_path / "out")
+    assert cli("convert", "--pipeline=tests.test_convert", "--pipeline_options=n=60",
+               f"--output={out}", "--runner=beam", "--beam_options=--runner=DirectRunner") == 0
+    assert "with Beam" in capsys.readouterr().out
+    assert cli("convert", "--pipeline=tests.test_convert", "--pipeline_options=n=200,fail_at=150",
+               f"--output={tmp_path / 'bad'}", "--runner=beam", "--overwrite") == 1
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert errors[-1].startswith("tftrain convert: error: the Beam conversion job failed")
+    assert "the pipeline has a bug" in errors[-1]
+    assert not (tmp_path / "bad" / "dataset.json").exists()
