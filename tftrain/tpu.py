@@ -58,7 +58,10 @@ def check_static(element_spec, config: config_lib.Config, replicas: int) -> list
     return advice
 
 
-def _flatten(element_spec):
-    """(path, TypeSpec) pairs of a (features, label) element spec."""
-    flat = tf.nest.flatten_with_joined_string_paths(element_spec)
-    return [(f"element {path}" if path else "element", spec) for path, spec in flat]
+def _flatten(spec, path: str = "element"):
+    """(path, TypeSpec) pairs of a nested (features, label) element spec."""
+    if isinstance(spec, dict):
+        return [pair for key in sorted(spec) for pair in _flatten(spec[key], f"{path}[{key!r}]")]
+    if isinstance(spec, (tuple, list)):
+        return [pair for i, item in enumerate(spec) for pair in _flatten(item, f"{path}[{i}]")]
+    return [(path, spec)]

@@ -207,6 +207,11 @@ def evaluate(model: keras.Model, dataset) -> dict:
 
 def export(model, export_dir: str) -> None:
     """Saves a SavedModel under a temporary name, then moves it into place."""
+    if export_dir.startswith("ram://"):
+        # TensorFlow's in-memory filesystem loses a directory's files when it is renamed.
+        remove(export_dir)
+        model.save(export_dir, save_format="tf", include_optimizer=False)
+        return
     tmp = export_dir + ".tmp"
     remove(tmp)
     model.save(tmp, save_format="tf", include_optimizer=False)
