@@ -36,9 +36,19 @@ def wait_for_shard_files(output, process, timeout=180):
     pytest.fail("the conversion never started writing shards")
 
 
-def children(pid):
+def descendants(pid):
+    """The pids of a process's children, grandchildren, ... (the forkserver and the workers)."""
     out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+    children = [int(p) for p in out.stdout.split()]
+    return children + [d for child in children for d in descendants(child)]
+
+
+def running(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
 
 
 def assert_not_a_dataset(output):
@@ -51,16 +61,15 @@ def test_kill_9_mid_write_then_rerun(tmp_path):
     output = str(tmp_path / "out")
     process = start_conversion(output, "--workers=2")
     wait_for_shard_files(output, process)
-    workers = children(process.pid)
+    workers = descendants(process.pid)
+    assert len(workers) >= 3  # the forkserver and two workers
     os.kill(process.pid, signal.SIGKILL)
     process.wait()
     # The workers die with their parent (PR_SET_PDEATHSIG) and publish nothing.
     deadline = time.monotonic() + 30
-    while any(os.path.exists(f"/proc/{w}") and "Z" not in open(f"/proc/{w}/stat").read().split()[2]
-              for w in workers) and time.monotonic() < deadline:
+    while any(map(running, workers)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [w for w in workers if os.path.exists(f"/proc/{w}")
-                and open(f"/proc/{w}/stat").read().split()[2] != "Z"]
+    assert not [w for w in workers if running(w)]
     assert_not_a_dataset(output)
     # The rerun clears the leftovers and completes (in-process, one worker, to stay fast).
     from tests.test_convert import Pipeline

@@ -65,6 +65,10 @@ def parse_pipeline_options(text: str) -> dict[str, str]:
 
 def main(argv):
     require("pipeline", "output")
+    if FLAGS.runner == "local" and FLAGS.workers != 1:
+        from tftrain.data import processes
+
+        processes.warm_up()  # workers' TensorFlow import overlaps this process's own
     from pipelines import load_pipeline
     from tftrain.data.splits import parse_splits
 

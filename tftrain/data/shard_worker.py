@@ -149,8 +149,12 @@ def publish(plan, shards, counts, alive) -> list[dict]:
 
 # ---- the worker process --------------------------------------------------------------------
 
-def _die_with_parent(parent_pid: int) -> None:
-    """Asks Linux to SIGKILL this process when its parent dies (kill -9 included)."""
+def _die_with_parent() -> int:
+    """Asks Linux to SIGKILL this process when its parent dies (kill -9 included); returns it.
+
+    The parent is the forkserver, which exits as soon as the converting process is gone.
+    """
+    parent = os.getppid()
     try:
         import ctypes
 
@@ -158,22 +162,28 @@ def _die_with_parent(parent_pid: int) -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
+    return parent
 
 
-def process_main(pipeline, source, info, plan, worker, queue, parent_pid) -> None:
-    """Entry point of a spawned worker: runs `run` and sends progress and the outcome on `queue`.
+def process_main(pipeline, source, info, plan, worker, queue, main_pid) -> None:
+    """Entry point of a worker process: runs `run` and sends progress and the outcome on `queue`.
 
     Messages: ("progress", worker, examples, bytes, bad), ("done", worker, summary) or
     ("error", worker, class name, message, traceback text).
     """
-    _die_with_parent(parent_pid)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from tftrain.data.processes import pid_alive
+
+    parent = _die_with_parent()
+
+    def alive():
+        return os.getppid() == parent and pid_alive(main_pid)
+
+    if not alive():  # the converting process died before this worker got going
+        os._exit(1)
     try:
         summary = run(pipeline, source, info, plan, worker,
                       report=lambda *c: queue.put(("progress", worker, *c)),
-                      alive=lambda: os.getppid() == parent_pid)
+                      alive=alive)
         queue.put(("done", worker, summary))
     except KeyboardInterrupt:
         sys.exit(130)

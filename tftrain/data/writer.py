@@ -2,7 +2,7 @@
 
 Steps: refuse to replace a complete dataset (unless `overwrite`) and clear leftovers of an
 interrupted run; `pipeline.prepare`; a first look at the rows (`shard_plan.take_sample`) to
-size the shards; W worker processes (spawned: TensorFlow is not fork-safe), each reading its
+size the shards; W worker processes (forked from a clean forkserver, see `processes`), each reading its
 own share of the rows and writing its own shards (`shard_worker`); then `bad_rows.jsonl` and,
 last, `dataset.json`. Every shard is written under a temporary name and renamed when complete,
 and the manifest comes last, so an interrupted conversion (Ctrl-C, kill -9, a failed worker)
@@ -10,7 +10,6 @@ never leaves a directory that a reader accepts; the rerun clears what it left an
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
 import queue as queue_lib
 import re
@@ -23,7 +22,7 @@ from absl import logging
 import tftrain
 from pipelines import BasePipeline
 from tftrain.data import manifest as manifest_lib
-from tftrain.data import shard_plan, shard_worker
+from tftrain.data import processes, shard_plan, shard_worker
 from tftrain.data.progress import Progress
 from tftrain.errors import ConfigError, DataError, TftrainError
 from tftrain.fileio import join
@@ -75,6 +74,8 @@ def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
     shard_plan.check_args(num_shards=num_shards, shard_size_mb=shard_size_mb, workers=workers,
                           max_bad_fraction=max_bad_fraction)
     refuse_existing(output_dir, overwrite)
+    if workers != 1:
+        processes.warm_up()  # its TensorFlow import overlaps prepare() and the sample
     started = time.monotonic()
     info = pipeline.prepare(source)
     plan, estimated_rows = make_plan(pipeline, source, info, output_dir, splits=splits,
@@ -162,10 +163,10 @@ def make_plan(pipeline, source, info, output_dir, *, splits, num_shards, shard_s
 
 
 def _run_processes(pipeline, source, info, plan, meter) -> list[dict]:
-    """Runs one spawned process per worker; returns their summaries or raises one clear error."""
-    context = multiprocessing.get_context("spawn")
+    """Runs the worker processes; returns their summaries or raises one clear error."""
+    context = processes.context()
     messages = context.Queue()
-    processes = []
+    procs = []
     try:
         for worker in range(plan.num_workers):
             process = context.Process(
@@ -177,13 +178,13 @@ def _run_processes(pipeline, source, info, plan, meter) -> list[dict]:
                 raise ConfigError(
                     f"pipeline {pipeline.name!r} cannot be sent to worker processes ({e}); make it "
                     "picklable (define it at module level) or pass --workers=1.") from None
-            processes.append(process)
-        return _collect(processes, messages, plan, meter)
+            procs.append(process)
+        return _collect(procs, messages, plan, meter)
     finally:
-        for process in processes:
+        for process in procs:
             if process.is_alive():
                 process.kill()
-        for process in processes:
+        for process in procs:
             process.join()
         messages.close()
 
