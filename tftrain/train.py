@@ -70,7 +70,8 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     train_data = reader.load_distributed(
         strategy, config.data.dir, config.data.train_split, config.data.batch_size * accum,
         training=True, shuffle_buffer=config.data.shuffle_buffer, cache=config.data.cache,
-        repeat=True, seed=config.train.seed)
+        repeat=True, seed=config.train.seed,
+        service_address=config.data.service_address, service_mode=config.data.service_mode)
     static_shapes = distribute.strategy_name(strategy) == "tpu"
     eval_data = reader.load_distributed(strategy, config.data.dir, config.data.eval_split,
                                         config.data.batch_size, training=False,

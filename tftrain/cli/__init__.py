@@ -24,6 +24,7 @@ COMMANDS = {
     "prune": "Prune a trained model (magnitude, m:n) and measure it against the float model.",
     "quantize": "Quantize to TFLite (dynamic, int8, float16, qat), evaluated and gated on accuracy.",
     "launch": "Run a command (train) as N local multi-worker processes on loopback: launch -- train ...",
+    "data_service": "Run a tf.data service dispatcher and/or worker (data.service_address).",
 }
 
 HELP_ARGS = ("-h", "--help", "-?", "--helpshort")

@@ -44,7 +44,8 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
          input_context: tf.distribute.InputContext | None = None, shuffle_buffer: int = 10_000,
          cache: bool = False, drop_remainder: bool | None = None, repeat: bool = False,
          seed: int | None = None, pipeline: str | None = None,
-         pipeline_options: dict | None = None, info: dict | None = None) -> tf.data.Dataset:
+         pipeline_options: dict | None = None, info: dict | None = None,
+         service_address: str = "", service_mode: str = "parallel_epochs") -> tf.data.Dataset:
     """Returns a batched dataset of `(inputs, label)` read from `data_dir`'s `split`.
 
     `batch_size` is the size of the batches this pipeline yields. Under a strategy, use
@@ -59,6 +60,9 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     given, `data_dir` is a file pattern (see `foreign_files`), the schema is
     `pipeline.features(info)`, and `info` stands in for the manifest's metadata. The pipeline is
     built with `pipeline_options` (e.g. {"image_size": 64}).
+
+    tf.data service: with `service_address` (a dispatcher's host:port) the whole pipeline runs
+    on the service's workers in `service_mode` (see `tftrain.data_service`).
     """
     if pipeline and not manifest_lib.exists(data_dir):
         files = foreign_files(data_dir, split)
@@ -110,6 +114,10 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
 
     dataset = dataset.map(parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE,
                           deterministic=not training)
+    if service_address:  # everything above runs on the tf.data service workers
+        from tftrain import data_service
+
+        dataset = data_service.distribute(dataset, service_address, service_mode)
     if input_context is not None:  # sharded above: the strategy must not shard again
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
