@@ -13,8 +13,9 @@ from absl import logging
 
 from tftrain import config as config_lib
 from tftrain import data as data_lib
-from tftrain import distribute, run_dir, train
+from tftrain import distribute, optimizers, run_dir, train
 from tftrain.data import manifest as manifest_lib
+from tftrain.data import reader
 from tftrain.errors import ConfigError, TftrainError
 from tftrain.fileio import join, write_json
 from tftrain.optimize import metrics, prune, quantize, report, sizes, tflite_eval
@@ -50,6 +51,10 @@ def model_path(model_dir: str, source: str = "export") -> str:
 
 
 def _strategy(config: config_lib.Config):
+    if config.runtime.strategy == "dtensor":
+        raise ConfigError("this run trained with runtime.strategy=dtensor; pruning and "
+                          "quantization-aware training run under tf.distribute strategies: pass "
+                          "--strategy=one_device (or mirrored)")
     strategy = distribute.create_strategy(config.runtime)
     config_lib.check_divisible(config.data.batch_size, strategy.num_replicas_in_sync)
     return strategy
@@ -60,11 +65,27 @@ def _eval_data(config: config_lib.Config, split: str | None):
     return split, data_lib.load(config.data.dir, split, config.data.batch_size, training=False)
 
 
-def _optimizer_fn(config: config_lib.Config, learning_rate: float | None):
-    train_config = config.train
-    if learning_rate:
-        train_config = dataclasses.replace(train_config, learning_rate=learning_rate)
-    return lambda: train.make_optimizer(train_config)
+def _train_data(config: config_lib.Config, strategy):
+    """The run's training input (same reader, split, global batch, shuffling), repeated, and the
+    number of steps in one pass over it."""
+    manifest = manifest_lib.read(config.data.dir)
+    num_examples = manifest["splits"][config.data.train_split]["num_examples"]
+    steps_per_epoch = config.train.steps_per_epoch or max(1, num_examples // config.data.batch_size)
+    dataset = reader.load_distributed(
+        strategy, config.data.dir, config.data.train_split, config.data.batch_size, training=True,
+        shuffle_buffer=config.data.shuffle_buffer, cache=config.data.cache, repeat=True,
+        seed=config.train.seed)
+    return dataset, steps_per_epoch
+
+
+def _optimizer_fn(config: config_lib.Config, learning_rate: float | None, steps_per_epoch: int,
+                  epochs: int):
+    """The run's optimizer (`train.optimizer`) at a constant rate: the run's, or `learning_rate`."""
+    train_config = dataclasses.replace(
+        config.train, learning_rate=learning_rate or config.train.learning_rate,
+        lr_schedule="constant", warmup_steps=0)
+    return lambda: optimizers.make_optimizer(train_config, steps_per_epoch,
+                                             steps_per_epoch * epochs)
 
 
 def _tflite_measure(content: bytes, path: str, eval_data, num_threads: int,
@@ -93,8 +114,7 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
     source = model_path(model_dir, "export")
     # The strategy comes first: no TensorFlow op may run before it is built.
     strategy = strategy or _strategy(config)
-    manifest = manifest_lib.read(config.data.dir)
-    train_data, steps_per_epoch = train.make_train_dataset(config, manifest, strategy)
+    train_data, steps_per_epoch = _train_data(config, strategy)
     split, eval_data = _eval_data(config, split)
 
     model = load_keras_model(source)
@@ -103,7 +123,8 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
     result = prune.prune_model(
         model, train_data, steps_per_epoch=steps_per_epoch, epochs=epochs,
         target_sparsity=target_sparsity, m_by_n=structure, schedule=schedule,
-        optimizer_fn=_optimizer_fn(config, learning_rate), strategy=strategy,
+        optimizer_fn=_optimizer_fn(config, learning_rate, steps_per_epoch, epochs),
+        strategy=strategy,
         verbose=2 if logging.level_info() else 0)
     after = prune.sparsity_report(result.model, result.pruned_weights, structure)
     accuracy_after = metrics.keras_accuracy(result.model, eval_data)
@@ -179,12 +200,12 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
         float_layers = None
         to_convert = model
         if mode == "qat":
-            manifest = manifest_lib.read(config.data.dir)
-            train_data, steps_per_epoch = train.make_train_dataset(config, manifest, strategy)
+            train_data, steps_per_epoch = _train_data(config, strategy)
             to_convert, float_layers = quantize.quantization_aware_training(
                 model, train_data, steps_per_epoch=steps_per_epoch, epochs=qat_epochs,
                 preserve_sparsity=source == "pruned",
-                optimizer_fn=_optimizer_fn(config, qat_learning_rate), strategy=strategy,
+                optimizer_fn=_optimizer_fn(config, qat_learning_rate, steps_per_epoch, qat_epochs),
+                strategy=strategy,
                 verbose=2 if logging.level_info() else 0)
         calibration = None
         if mode == "int8":

@@ -1,0 +1,155 @@
+"""`tftrain prune`, `tftrain quantize` and `tftrain evaluate --model=X.tflite` on a real run directory.
+
+The run is trained once, mirrored over the test process's 2 virtual CPUs, so pruning and
+quantization-aware training run under the same strategy as training.
+"""
+import json
+import shutil
+
+import numpy as np
+import pytest
+import tf_keras as keras
+
+from tests.conftest import run_cli
+from tftrain.optimize import tflite_eval
+
+SMALL_MODEL = "model.params={filters: [16, 32], dense_units: 64, dropout: 0.0}"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, digits_dir):
+    path = tmp_path_factory.mktemp("optimize") / "run"
+    assert run_cli("train", f"--model_dir={path}", "--strategy=mirrored",
+                   f"--params_override=runtime.cpu_devices=2,train.epochs=6,data.dir={digits_dir},"
+                   f"{SMALL_MODEL}") == 0
+    return path
+
+
+def _copy_run(run, destination, with_export=True):
+    destination.mkdir()
+    for name in ("params.yaml", "summary.json"):
+        shutil.copy(run / name, destination / name)
+    if with_export:
+        shutil.copytree(run / "export", destination / "export")
+    return destination
+
+
+def _read(path):
+    return json.loads(path.read_text())
+
+
+def test_prune_then_quantize_then_evaluate(run, digits_dir, capsys, tmp_path):
+    summary = _read(run / "summary.json")
+    assert run_cli("prune", f"--model_dir={run}", "--target_sparsity=0.75", "--epochs=3") == 0
+    report = _read(run / "pruned/report.json")
+    assert report["strategy"] == "mirrored" and report["num_replicas"] == 2
+    assert abs(report["sparsity"] - 0.75) < 0.01
+    assert all(abs(layer["sparsity"] - 0.75) < 0.01 for layer in report["layers"])
+    assert report["problems"] == [] and report["schedule"]["frequency"] < 100
+    assert report["gzip_bytes_after"] < 0.6 * report["gzip_bytes_before"]
+    assert report["nonzero_params_after"] < 0.4 * report["nonzero_params_before"]
+    # accuracy_before is the trained model's accuracy on the evaluation (test) split.
+    assert abs(report["accuracy_before"] - summary["eval"]["accuracy"]) < 1e-6
+    assert report["accuracy_after"] > 0.85
+    assert (run / "pruned/saved_model.pb").exists() and (run / "pruned/model.tflite").exists()
+    pruned = keras.models.load_model(str(run / "pruned"), compile=False)
+    kernel = pruned.get_layer("dense").kernel.numpy()
+    assert abs((kernel == 0).mean() - 0.75) < 0.01
+    capsys.readouterr()
+
+    assert run_cli("quantize", f"--model_dir={run}", "--mode=int8,float16") == 0
+    table = capsys.readouterr().out
+    for row in ("| float |", "| pruned |", "| int8 |", "| float16 |"):
+        assert row in table
+    int8 = _read(run / "quantized/report_int8.json")
+    float16 = _read(run / "quantized/report_float16.json")
+    assert _read(run / "quantized/report.json") == float16
+    for r in (int8, float16):
+        for key in ("mode", "tflite_bytes", "float_tflite_bytes", "accuracy", "float_accuracy",
+                    "latency_ms", "float_latency_ms"):
+            assert key in r, key
+        assert r["passed"] and r["float_accuracy"] - r["accuracy"] <= 0.01
+        assert r["num_examples"] == 189
+    assert int8["tflite_bytes"] < 0.5 * int8["float_tflite_bytes"]  # small model: fixed overhead
+    assert float16["tflite_bytes"] < 0.7 * float16["float_tflite_bytes"]
+    assert abs(int8["float_accuracy"] - summary["eval"]["accuracy"]) < 0.006
+
+    # The .tflite evaluates through `tftrain evaluate` like a SavedModel does.
+    output = tmp_path / "eval.json"
+    assert run_cli("evaluate", f"--model={run}/quantized/model_int8.tflite",
+                   f"--data={digits_dir}", "--split=test", f"--output={output}") == 0
+    assert abs(_read(output)["accuracy"] - int8["accuracy"]) < 1e-9
+
+
+def test_pruning_preserving_qat_from_the_pruned_model(run, capsys):
+    if not (run / "pruned/saved_model.pb").exists():
+        assert run_cli("prune", f"--model_dir={run}", "--target_sparsity=0.75", "--epochs=3") == 0
+    assert run_cli("quantize", f"--model_dir={run}", "--source=pruned", "--mode=qat",
+                   "--max_accuracy_drop=0.03") == 0
+    report = _read(run / "quantized/report_pruned_qat.json")
+    assert report["source"] == "pruned" and report["float_layers"] == []
+    assert report["tflite_bytes"] < 0.5 * report["float_tflite_bytes"]
+    # The int8 kernels in the .tflite kept the pruned zeros.
+    interpreter = tflite_eval.TfliteModel(report["tflite_path"]).interpreter
+    kernels = []
+    for detail in interpreter.get_tensor_details():
+        if detail["dtype"] == np.int8 and len(detail["shape"]) in (2, 4):
+            try:
+                kernels.append(interpreter.get_tensor(detail["index"]))
+            except ValueError:  # an activation, not a constant: no data outside invoke()
+                continue
+    kernels = [k for k in kernels if k.size > 500]  # every kernel but the first conv's
+    assert len(kernels) >= 3 and all((k == 0).mean() > 0.7 for k in kernels)
+
+
+def test_accuracy_gate_fires_and_keeps_the_report(run, tmp_path, capsys):
+    broken = _copy_run(run, tmp_path / "broken", with_export=False)
+    model = keras.models.load_model(str(run / "export"), compile=False)
+    # One hidden unit always outputs 1e4 and feeds nothing: the float model is unchanged, but int8
+    # activations of that layer get a step of ~40, which wipes out every other unit.
+    dense = model.get_layer("dense")
+    kernel, bias = dense.get_weights()
+    bias[0] = 1e4
+    dense.set_weights([kernel, bias])
+    logits_kernel, logits_bias = model.get_layer("logits").get_weights()
+    logits_kernel[0] = 0
+    model.get_layer("logits").set_weights([logits_kernel, logits_bias])
+    model.save(str(broken / "export"), save_format="tf")
+
+    assert run_cli("quantize", f"--model_dir={broken}", "--mode=int8") == 1
+    captured = capsys.readouterr()
+    assert "lost too much accuracy" in captured.err and "--max_accuracy_drop=0.01" in captured.err
+    assert "| int8 |" in captured.out
+    report = _read(broken / "quantized/report_int8.json")
+    assert report["passed"] is False and report["accuracy_drop"] > 0.3
+    assert report["float_accuracy"] > 0.8
+
+
+def test_bad_inputs_are_one_clear_error_each(run, tmp_path, capsys):
+    no_export = _copy_run(run, tmp_path / "no_export", with_export=False)
+    assert run_cli("prune", f"--model_dir={no_export}") == 1
+    assert "no export model" in capsys.readouterr().err
+    assert run_cli("quantize", f"--model_dir={no_export}", "--mode=dynamic") == 1
+    assert "no export model" in capsys.readouterr().err
+    assert run_cli("quantize", f"--model_dir={no_export}", "--mode=int8", "--source=pruned") == 1
+    assert "tftrain prune --model_dir" in capsys.readouterr().err
+
+    assert run_cli("prune", f"--model_dir={tmp_path}") == 1
+    assert "not a tftrain run directory" in capsys.readouterr().err
+
+    for sparsity in ("1.5", "0", "-0.1"):
+        assert run_cli("prune", f"--model_dir={run}", f"--target_sparsity={sparsity}") == 2
+        assert "outside (0, 1)" in capsys.readouterr().err
+    assert run_cli("prune", f"--model_dir={run}", "--sparsity_m_by_n=4:2") == 2
+    assert run_cli("quantize", f"--model_dir={run}", "--mode=int4") == 2
+    assert "not a quantization mode" in capsys.readouterr().err
+
+    import keras as keras3  # a Keras 3 model where the export should be
+
+    keras3_run = _copy_run(run, tmp_path / "keras3", with_export=False)
+    inputs = keras3.Input((8, 8, 1))
+    keras3.Model(inputs, keras3.layers.Dense(10)(keras3.layers.Flatten()(inputs))).export(
+        str(keras3_run / "export"), format="tf_saved_model")
+    assert run_cli("quantize", f"--model_dir={keras3_run}", "--mode=dynamic") == 1
+    err = capsys.readouterr().err
+    assert "no Keras metadata" in err and "Keras 3" in err and len(err.strip().splitlines()) == 1
