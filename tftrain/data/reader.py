@@ -109,6 +109,7 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches))
     spec = parse_spec(manifest.get("features") or pipeline.features(info))
 
+    @tf.autograph.experimental.do_not_convert  # plain TF ops; AutoGraph only warns about closures
     def parse_and_decode(serialized):
         return pipeline.decode(tf.io.parse_example(serialized, spec), info)
 

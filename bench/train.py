@@ -1,0 +1,114 @@
+"""Training step time: `tftrain train` against a plain hand-written tf_keras `fit`.
+
+    python bench/train.py [--steps_per_epoch=40] [--epochs=3] [--batch_size=128]
+
+Same model (the registry's `cnn`), same data (bench/synthetic.py, 32x32x3 PNG records), same
+batch size, optimizer and strategy-free single device. Step time is the mean over the epochs after
+the first (tracing and warm-up excluded), timed by the same callback in every run:
+  plain keras      model.fit(x, y) on the decoded images held in memory as NumPy arrays: no
+                   input pipeline cost at all, no extra callbacks (the floor)
+  tftrain train    the real command: TFRecord reader, strategy, backups, TensorBoard, checkpoints
+Input wait is measured on the tftrain model and reader: the same compiled model stepping over
+(a) the reader and (b) the same batches replayed from memory; wait = 1 - (b) / (a).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import tftrain  # noqa: E402,F401  (tf-keras before TensorFlow)
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+import tf_keras as keras  # noqa: E402
+
+from bench import synthetic  # noqa: E402
+from tftrain import config as config_lib, models, train  # noqa: E402
+from tftrain.callbacks.step_timer import StepTimer  # noqa: E402
+from tftrain.data import load  # noqa: E402
+
+MODEL = {"filters": [32, 64], "dense_units": 128, "dropout": 0.25}
+
+
+def _compiled_model():
+    keras.utils.set_random_seed(0)
+    model = models.build_model("cnn", MODEL, (32, 32, 3), 10)
+    model.compile(keras.optimizers.Adam(1e-3),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"])
+    return model
+
+
+def plain_keras(x, y, args) -> float:
+    """Seconds per step of a hand-written fit over NumPy arrays."""
+    model, timer = _compiled_model(), StepTimer(args.batch_size)
+    model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs,
+              steps_per_epoch=args.steps_per_epoch, callbacks=[timer], verbose=0)
+    return timer.seconds_per_step()
+
+
+def tftrain_train(data_dir, args) -> float:
+    """Seconds per step of `tftrain train` (its summary's steady-state step time)."""
+    overrides = (f"data.dir={data_dir},data.pipeline=bench.synthetic,data.batch_size={args.batch_size},"
+                 f"train.epochs={args.epochs},train.steps_per_epoch={args.steps_per_epoch},"
+                 f"train.learning_rate=0.001,model.name=cnn,"
+                 "model.params={filters: [32, 64], dense_units: 128, dropout: 0.25}")
+    config = config_lib.build_config("digits", overrides=overrides)
+    with tempfile.TemporaryDirectory() as run:
+        return train.train(config, run)["seconds_per_step"]
+
+
+def input_wait(data_dir, args) -> tuple[float, float]:
+    """(seconds per step over the reader, over the same batches from memory)."""
+    times = []
+    reader = load(data_dir, "train", args.batch_size, training=True, repeat=True, seed=0)
+    replay = reader.take(args.steps_per_epoch).cache().repeat()
+    for _ in replay.take(args.steps_per_epoch):  # fill the cache before timing
+        pass
+    for dataset in (reader, replay):
+        model, timer = _compiled_model(), StepTimer(args.batch_size)
+        model.fit(dataset, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch,
+                  callbacks=[timer], verbose=0)
+        times.append(timer.seconds_per_step())
+    return times[0], times[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default="/tmp/tftrain-bench/synthetic56k")
+    parser.add_argument("--batch_size", type=int, default=128)
+    parser.add_argument("--steps_per_epoch", type=int, default=40)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=2, help="runs per variant; the best counts")
+    args = parser.parse_args()
+    synthetic.make_dataset(args.data)
+    n = args.batch_size * args.steps_per_epoch * args.epochs
+    x, y = [], []
+    for images, labels in load(args.data, "train", 512, training=False).take(-(-n // 512)):
+        x.append(images.numpy())
+        y.append(labels.numpy())
+    x, y = np.concatenate(x), np.concatenate(y)
+
+    runs = []  # the variants interleaved in each repeat, so load changes hit all of them
+    for _ in range(args.repeats):
+        runs.append((plain_keras(x, y, args), tftrain_train(args.data, args),
+                     *input_wait(args.data, args)))
+    plain, ours, real, memory = (min(column) for column in zip(*runs))
+    wait = max(0.0, 1 - memory / real)
+    print(f"\ncnn {MODEL['filters']} on 32x32x3, batch {args.batch_size}, {args.steps_per_epoch} "
+          f"steps x {args.epochs} epochs (first excluded), best of {args.repeats}, "
+          f"{os.cpu_count()} CPU cores")
+    print(f"\n| {'run':<40} | {'ms/step':>8} | {'ratio':>6} |")
+    print(f"|{'-' * 42}|{'-' * 10}|{'-' * 8}|")
+    print(f"| {'plain tf_keras fit (NumPy in memory)':<40} | {plain * 1e3:>8.1f} | {1:>5.2f}x |")
+    print(f"| {'tftrain train':<40} | {ours * 1e3:>8.1f} | {ours / plain:>5.2f}x |")
+    print(f"| {'same model: tftrain reader':<40} | {real * 1e3:>8.1f} | {real / plain:>5.2f}x |")
+    print(f"| {'same model: batches replayed from memory':<40} | {memory * 1e3:>8.1f} | "
+          f"{memory / plain:>5.2f}x |")
+    print(f"\ninput wait: {wait:.1%} of the step time")
+
+
+if __name__ == "__main__":
+    main()
