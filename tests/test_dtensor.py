@@ -1,0 +1,260 @@
+"""Model parallelism with DTensor (`runtime.strategy: dtensor`).
+
+The pytest process has 2 CPU devices (conftest); a 2x2 mesh needs 4, which must be configured
+before TensorFlow starts, so every 4-device check runs in its own subprocess with a timeout.
+"""
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.conftest import PYTHON, REPO
+from tftrain import config as config_lib
+from tftrain import dtensor_layouts as layouts
+from tftrain.errors import ConfigError
+
+TIMEOUT = 600
+TFTRAIN = [PYTHON, "-c", "import sys; from tftrain.cli import run; run(['tftrain'] + sys.argv[1:])"]
+MESH = {"batch": 2, "model": 2}
+
+
+def _env():
+    return {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+
+def _config(overrides: str):
+    return config_lib.build_config("digits_dtensor", {}, overrides)
+
+
+# --- Config-time checks (no devices needed) -----------------------------------------------------
+
+@pytest.mark.parametrize("overrides, message", [
+    ("runtime.mesh=''", "needs runtime.mesh (or --mesh)"),
+    ("runtime.mesh='batch:2,data:2'", "unknown dimension 'data'"),
+    ("runtime.mesh='batch:x'", "bad entry 'batch:x'"),
+    ("runtime.cpu_devices=2", "needs 4 devices but runtime.cpu_devices=2"),
+    ("data.batch_size=33", "data.batch_size (33) must be divisible by the mesh's batch dimension (2"),
+    ("runtime.mixed_precision=mixed_float16", "float32 only"),
+    ("train.grad_accum_steps=2", "does not accumulate gradients"),
+    ('runtime.layout_rules={"dense.*kernel": "unsharded,weights"}', "has 'weights'"),
+    ('runtime.layout_rules={"dense.*kernel": "model,model"}', "uses a mesh dimension twice"),
+    ('runtime.layout_rules={"dense[": "unsharded,model"}', "not a valid regex"),
+])
+def test_config_errors(overrides, message):
+    with pytest.raises(ConfigError) as error:
+        _config(overrides)
+    assert message in str(error.value)
+
+
+def test_mesh_flag_and_defaults():
+    config = config_lib.build_config("digits_dtensor", {"runtime.mesh": "model:4"}, "")
+    assert layouts.parse_mesh(config.runtime.mesh) == {"batch": 1, "model": 4}
+    assert config.runtime.strategy == "dtensor" and config.runtime.layout_rules == {}
+
+
+MLP = [  # the weights of registry `mlp` on 8x8x1 inputs, 10 classes, as the rules see them
+    layouts.Weight("dense.kernel", (64, 256), "Dense"), layouts.Weight("dense.bias", (256,), "Dense"),
+    layouts.Weight("dense_1.kernel", (256, 128), "Dense"),
+    layouts.Weight("dense_1.bias", (128,), "Dense"),
+    layouts.Weight("logits.kernel", (128, 10), "Dense"), layouts.Weight("logits.bias", (10,), "Dense"),
+]
+CONV = [layouts.Weight("conv2d.kernel", (3, 3, 1, 32), "Conv2D"),
+        layouts.Weight("conv2d.bias", (32,), "Conv2D")] + MLP[4:]
+
+
+def test_default_rules_split_dense_layers():
+    plan = layouts.resolve(MLP, layouts.make_rules("mlp", {}, MESH), MESH)
+    assert plan == {"dense.kernel": ("unsharded", "model"), "dense.bias": ("model",),
+                    "dense_1.kernel": ("unsharded", "model"), "dense_1.bias": ("model",),
+                    "logits.kernel": ("model", "unsharded")}
+    # cnn: the conv weights stay replicated by default.
+    assert set(layouts.resolve(CONV, layouts.make_rules("cnn", {}, MESH), MESH)) == {"logits.kernel"}
+
+
+def test_user_rules_come_first():
+    rules = layouts.make_rules("mlp", {r"dense_1\.kernel": "model,unsharded",
+                                       r"dense\.bias": "unsharded"}, MESH)
+    plan = layouts.resolve(MLP, rules, MESH)
+    assert plan["dense_1.kernel"] == ("model", "unsharded") and "dense.bias" not in plan
+    assert plan["dense.kernel"] == ("unsharded", "model")  # defaults still apply to the rest
+
+
+@pytest.mark.parametrize("rules, weights, message", [
+    ({"decoder.*kernel": "unsharded,model"}, MLP,
+     "rule 'decoder.*kernel' -> 'unsharded,model' matches no weight"),
+    ({r"logits\.kernel": "unsharded,model"}, MLP,
+     "weight logits.kernel (shape [128, 10]) has size 10, which does not divide by mesh "
+     "dimension model=4"),
+    ({r"logits\.bias": "unsharded,model"}, MLP, "but the spec has 2 entries"),
+    ({r"conv2d\.kernel": "unsharded,unsharded,unsharded,model"}, CONV, "cannot shard convolutions"),
+])
+def test_rule_errors_name_rule_and_weight(rules, weights, message):
+    mesh = {"batch": 1, "model": 4}
+    with pytest.raises(ConfigError) as error:
+        layouts.resolve(weights, layouts.make_rules("mlp", rules, mesh), mesh)
+    assert message in str(error.value)
+
+
+def test_memory_report_counts_shards():
+    plan = layouts.resolve(MLP, layouts.make_rules("mlp", {}, MESH), MESH)
+    report = layouts.memory_report(MLP, plan, MESH, optimizer_slots=2)
+    params = 64 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10
+    assert report["bytes_one_device"] == params * 4 * 3
+    assert report["sharded_params"] == params - 10 and report["replicated_params"] == 10
+    assert report["bytes_per_device"] == ((params - 10) // 2 + 10) * 4 * 3
+
+
+# --- On a 2x2 mesh of virtual CPU devices (subprocesses) ---------------------------------------
+
+ONE_STEP = r'''
+import json, sys
+import tftrain  # noqa: F401
+from tftrain import config as config_lib, dtensor_train, models, train
+from tftrain.data import reader
+
+data_dir = sys.argv[1]
+config = config_lib.build_config("digits_dtensor", {}, f"data.dir={data_dir},"
+                                 "train.optimizer=sgd,train.momentum=0,train.learning_rate=0.5")
+mesh, dims = dtensor_train.create_mesh(config.runtime)
+import numpy as np, tensorflow as tf, tf_keras as keras
+from tensorflow.experimental import dtensor
+
+keras.backend.experimental.enable_tf_random_generator()
+keras.utils.set_random_seed(0)
+model = models.build_model("mlp", {"dropout": 0}, (8, 8, 1), 10)
+plan = dtensor_train.resolve_layouts(model, "mlp", {}, dims)
+sharded = dtensor_train.build_sharded(model, mesh, plan)
+variables = dtensor_train.named_variables(sharded)
+found = {path: dtensor.fetch_layout(v).sharding_specs for path, v in variables.items()}
+local_shape = {path: dtensor.unpack(v.read_value())[0].shape.as_list() for path, v in variables.items()}
+
+x, y = next(iter(reader.load(data_dir, "train", 32, training=False)))
+loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+# The same 32 examples every step, split over the mesh's batch dimension.
+dataset = dtensor.DTensorDataset(
+    tf.data.Dataset.from_tensor_slices((x, y)).repeat(), mesh=mesh, global_batch_size=32,
+    batch_dim="batch", layouts=(dtensor.Layout.batch_sharded(mesh, "batch", 4),
+                                dtensor.Layout.batch_sharded(mesh, "batch", 1)))
+sharded.compile(optimizer=dtensor_train.make_optimizer(config.train, train.StepPlan(2, 1, 2), mesh),
+                loss=loss)
+model.compile(optimizer=keras.optimizers.SGD(0.5), loss=loss)
+
+
+class Snapshot(keras.callbacks.Callback):
+    """The gathered weights just before the step."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch == 0:
+            self.weights = {p: dtensor_train.gather(v).numpy() for p, v in variables.items()}
+
+
+snapshot = Snapshot()
+# Op by op: the compiled train function loses updates on TF 2.21 (docs/dtensor.md).
+sharded.run_eagerly = True
+sharded.fit(dataset, epochs=1, steps_per_epoch=1, verbose=0, callbacks=[snapshot])
+for path, variable in dtensor_train.named_variables(model).items():
+    variable.assign(snapshot.weights[path])
+model.train_on_batch(x, y)  # the same step on one device
+after = {p: dtensor_train.gather(variables[p]).numpy() for p in variables}
+diffs = {p: float(np.abs(after[p] - v.numpy()).max())
+         for p, v in dtensor_train.named_variables(model).items()}
+moved = {p: float(np.abs(snapshot.weights[p] - after[p]).max()) for p in after}
+dtensor_train.copy_weights(sharded, model)
+replicated = dtensor.relayout(sharded(dtensor.relayout(
+    dtensor.copy_to_mesh(x, dtensor.Layout.replicated(mesh, 4)),
+    dtensor.Layout.batch_sharded(mesh, "batch", 4))), dtensor.Layout.replicated(mesh, 2))
+prediction_diff = float(np.abs(dtensor.unpack(replicated)[0].numpy() - model(x).numpy()).max())
+print("RESULT " + json.dumps({
+    "plan": {p: list(s) for p, s in plan.items()}, "layouts": found, "local_shape": local_shape,
+    "diffs": diffs, "moved": moved, "prediction_diff": prediction_diff,
+    "devices": len(tf.config.list_logical_devices("CPU"))}))
+'''
+
+
+def test_kernels_sharded_and_one_step_matches_single_device(digits_dir):
+    out = subprocess.run([PYTHON, "-c", ONE_STEP, digits_dir], env=_env(), cwd=REPO,
+                         capture_output=True, text=True, timeout=TIMEOUT)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    assert out.returncode == 0 and lines, out.stderr[-3000:]
+    result = json.loads(lines[0][len("RESULT "):])
+    assert result["devices"] == 4
+    # The kernels really are sharded: their DTensor layouts, and each device's piece.
+    assert result["layouts"]["dense.kernel"] == ["unsharded", "model"]
+    assert result["local_shape"]["dense.kernel"] == [64, 128]  # 256 units / model:2
+    assert result["layouts"]["dense_1.kernel"] == ["unsharded", "model"]
+    assert result["local_shape"]["dense_1.kernel"] == [256, 64]
+    assert result["layouts"]["logits.kernel"] == ["model", "unsharded"]
+    assert result["local_shape"]["logits.kernel"] == [64, 10]
+    assert result["layouts"]["logits.bias"] == ["unsharded"]
+    assert {p: s for p, s in result["layouts"].items() if "model" in s} == result["plan"]
+    # One SGD step on the mesh = the same step on one device, from the same weights.
+    assert all(moved > 1e-3 for moved in result["moved"].values()), result["moved"]
+    assert max(result["diffs"].values()) < 1e-5, result["diffs"]
+    # The ordinary copy computes what the sharded model computes.
+    assert result["prediction_diff"] < 1e-5
+
+
+def _wait_for_backup(process, run, timeout=TIMEOUT):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        backup = run / "backup"
+        if backup.exists() and any(f.name.endswith(".index") for f in backup.rglob("*")):
+            return
+        if process.poll() is not None:
+            raise AssertionError(f"training ended before its first backup: {process.returncode}")
+        time.sleep(0.5)
+    raise AssertionError("no backup appeared")
+
+
+def test_digits_dtensor_resume_export_and_optimize(cli, tmp_path, digits_dir, capsys):
+    run = tmp_path / "run"
+    command = [*TFTRAIN, "train", "--config=digits_dtensor",
+               "--mesh=batch:2,model:2", f"--model_dir={run}",
+               f"--params_override=data.dir={digits_dir},train.epochs=7"]
+    # Interrupted after its first backup (SIGTERM: backs up and exits 143) ...
+    process = subprocess.Popen(command, env=_env(), cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_backup(process, run)
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=TIMEOUT)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 143, output[-3000:]
+    assert not (run / "summary.json").exists()
+    # ... and the same command resumes it and finishes.
+    out = subprocess.run(command, env=_env(), cwd=REPO, capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["strategy"] == "dtensor" and summary["num_replicas"] == 2
+    assert summary["resumed_from"] and summary["resumed_from"][0] >= 1
+    assert summary["epochs"] == 7
+    assert summary["eval"]["accuracy"] >= 0.9, summary
+    assert summary["dtensor"]["mesh"] == "batch:2,model:2"
+    assert summary["dtensor"]["layouts"]["dense.kernel"] == "unsharded,model"
+    memory = summary["dtensor"]["memory"]
+    assert memory["bytes_per_device"] < 0.55 * memory["bytes_one_device"]
+    assert list(run.glob("checkpoints/best*"))
+
+    # The export is an ordinary SavedModel: evaluate, quantize and prune take it as is.
+    assert cli("evaluate", f"--model={run}/export", f"--data={digits_dir}", "--split=test") == 0
+    evaluated = json.loads((run / "eval_test.json").read_text())
+    assert abs(evaluated["accuracy"] - summary["eval"]["accuracy"]) < 1e-6
+    assert cli("quantize", f"--model_dir={run}", "--mode=dynamic", "--max_accuracy_drop=0.05") == 0
+    assert list(run.glob("quantized/*.tflite"))
+    assert cli("prune", f"--model_dir={run}", "--epochs=1", "--target_sparsity=0.5") == 0
+    assert (run / "pruned" / "saved_model.pb").exists()
+
+
+def test_cli_mesh_flag_errors_before_tensorflow(tmp_path):
+    out = subprocess.run([*TFTRAIN, "train", "--config=digits_dtensor",
+                          "--mesh=batch:2,model:3", f"--model_dir={tmp_path}/run",
+                          "--params_override=runtime.cpu_devices=4"],
+                         env=_env(), cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+    assert out.returncode != 0
+    assert "needs 6 devices but runtime.cpu_devices=4" in out.stderr

@@ -1,0 +1,280 @@
+"""`runtime.strategy: dtensor`: model parallelism on a DTensor mesh, through the same `fit`.
+
+DTensor is an alternative to tf.distribute, not a strategy: no `tf.distribute.Strategy` is
+created. `tftrain.train.run` hands over to `run()` here at its strategy step; `run()` tells the
+same story with the DTensor pieces and reuses everything else of the normal run (step plan,
+dataset conversion, callbacks with backup/resume and preemption, export, run directory):
+
+1. mesh from `runtime.mesh` (virtual CPU devices, GPUs or TPU cores);
+2. data: the same reader, per-replica batches wrapped in a `tf.experimental.dtensor.DTensorDataset`;
+3. model: built once as an ordinary model (its weights' paths decide the layouts, and it is the
+   export), then rebuilt under a tf-keras `LayoutMap` with each weight split as the layout rules
+   say (`tftrain.dtensor_layouts`), starting from the same initial weights;
+4. `fit` with a DTensor optimizer (an optimizer given `mesh=`);
+5. the trained weights are gathered into the ordinary model, which is evaluated on the full test
+   split and exported as an ordinary SavedModel (evaluate, prune and quantize take it as is).
+"""
+from __future__ import annotations
+
+import re
+import sys
+
+import tensorflow as tf
+import tf_keras as keras
+from absl import logging
+from tensorflow.experimental import dtensor
+
+from tftrain import config as config_lib
+from tftrain import distribute, dtensor_layouts, models, optimizers, run_dir
+from tftrain.callbacks import backup as backup_lib
+from tftrain.callbacks.step_timer import StepTimer
+from tftrain.data import reader
+from tftrain.errors import ConfigError
+from tftrain.fileio import join, write_text_atomic
+
+# Attributes under which tf-keras layers also list their variables (skipped by LayoutMap too).
+_SKIP_ATTRIBUTES = ("_self_tracked_trackables", "_trainable_weights", "_non_trainable_weights",
+                    "_captured_weight_regularizer")
+
+
+def run(config: config_lib.Config, model_dir: str, overwrite: bool, sigterm) -> dict:
+    """The story of one DTensor run (see the module docstring); returns the summary."""
+    from tftrain import train  # the normal run's helpers (imported late: train imports us)
+
+    # 1. The mesh comes first: virtual devices must be configured before any TensorFlow op.
+    mesh, dims = create_mesh(config.runtime)
+    params_yaml = config_lib.to_yaml(config)
+    run_dir.prepare(model_dir, overwrite, params_yaml)
+    write_text_atomic(join(model_dir, run_dir.PARAMS), params_yaml)
+    keras.backend.experimental.enable_tf_random_generator()  # DTensor needs tf.random.Generator
+    keras.utils.set_random_seed(config.train.seed)
+    keras.mixed_precision.set_global_policy("float32")
+
+    # 2. Data: the same reader, per-replica batches packed into DTensors split over `batch`.
+    manifest = train.ensure_dataset(config.data)
+    batch = config.data.batch_size
+    plan = train.plan_steps(config.train, manifest["splits"][config.data.train_split]["num_examples"],
+                            batch)
+    train_data = make_dataset(mesh, config, config.data.train_split, training=True)
+    eval_data = make_dataset(mesh, config, config.data.eval_split, training=False)
+    eval_steps = max(1, manifest["splits"][config.data.eval_split]["num_examples"] // batch)
+
+    # 3. Model: the ordinary model, then its sharded twin under a LayoutMap, same initial weights.
+    input_shape = reader.load(config.data.dir, config.data.eval_split, 1,
+                              training=False).element_spec[0].shape[1:]
+    model = models.build_model(config.model.name, config.model.params, input_shape,
+                               manifest["info"]["num_classes"])
+    plan_layouts = resolve_layouts(model, config.model.name, config.runtime.layout_rules, dims)
+    sharded = build_sharded(model, mesh, plan_layouts)
+    sharded.compile(optimizer=make_optimizer(config.train, plan, mesh),
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    metrics=["accuracy"], steps_per_execution=config.train.steps_per_execution)
+
+    # 4. Fit, resuming from model_dir/backup/ when an earlier attempt was interrupted.
+    backup = backup_lib.Backup(join(model_dir, run_dir.BACKUP), config.train.backup_every_steps)
+    timer = StepTimer(batch)
+    # Known on TF 2.21: the first train execution applies only one variable's update; see
+    # docs/dtensor.md ("What failed"). Later steps match the single-device step exactly.
+    callbacks = train.make_callbacks(config.train, model_dir, plan, backup, timer, sigterm)
+    history = sharded.fit(train_data, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
+                          validation_data=eval_data, validation_steps=eval_steps,
+                          callbacks=callbacks, verbose=1 if sys.stdout.isatty() else 2)
+    epochs_done = history.epoch[-1] + 1 if history.epoch else (backup.resumed_at or (0,))[0]
+
+    # 5. Gather the weights into the ordinary model; evaluate it on full splits; export it.
+    copy_weights(sharded, model)
+    logging.info("gathered the trained weights into the ordinary model")
+    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    validation = {k[4:]: float(v[-1]) for k, v in history.history.items() if k.startswith("val_")}
+    if not validation:  # resumed after the last epoch: nothing was validated in this attempt
+        validation = train.evaluate(model, _plain_data(config, config.data.eval_split))
+    test_metrics = train.evaluate(model, _plain_data(config, config.data.test_split))
+    train.export(model, join(model_dir, run_dir.EXPORT))
+    weights = weights_of(model)
+    summary = {
+        "model_dir": model_dir,
+        "data_dir": config.data.dir,
+        "epochs": epochs_done,
+        "steps": int(sharded.optimizer.iterations.numpy()),
+        "eval": {"split": config.data.test_split, **test_metrics},
+        "validation": validation,
+        "strategy": "dtensor",
+        "num_replicas": dims[dtensor_layouts.BATCH],
+        "num_workers": 1,
+        "mixed_precision": "float32",
+        "grad_accum_steps": 1,
+        "resumed_from": list(backup.resumed_at) if backup.resumed_at else None,
+        "seconds_per_step": timer.seconds_per_step() if timer.epochs else None,
+        "examples_per_second": timer.examples_per_second() if timer.epochs else None,
+        "dtensor": {
+            "mesh": dtensor_layouts.format_mesh(dims),
+            "device_type": mesh.device_type(),
+            "layouts": {path: ",".join(spec) for path, spec in plan_layouts.items()},
+            "memory": dtensor_layouts.memory_report(
+                weights, plan_layouts, dims, optimizer_slots(config.train.optimizer)),
+        },
+    }
+    run_dir.finish(model_dir, summary)
+    return summary
+
+
+def create_mesh(runtime: config_lib.RuntimeConfig):
+    """The DTensor mesh of `runtime.mesh` over TPU cores, GPUs or (virtual) CPU devices.
+
+    On CPU, `runtime.cpu_devices=0` splits the CPU into as many devices as the mesh needs.
+    Returns the mesh and its {dimension: size}.
+    """
+    dims = dtensor_layouts.parse_mesh(runtime.mesh)
+    size = dtensor_layouts.mesh_size(dims)
+    if runtime.tpu:
+        device_type = "TPU"
+    elif tf.config.list_physical_devices("GPU"):
+        device_type = "GPU"
+    else:
+        device_type = "CPU"
+        distribute.configure_cpu_devices(runtime.cpu_devices or size)
+    if device_type == "TPU" and runtime.tpu != "local":
+        raise ConfigError(f"runtime.strategy=dtensor runs on the TPU cores of this host only "
+                          f"(runtime.tpu=local), got runtime.tpu={runtime.tpu!r}")
+    dtensor.initialize_accelerator_system(device_type)
+    devices = tf.config.list_logical_devices(device_type)
+    if len(devices) < size:
+        raise ConfigError(f"runtime.mesh={runtime.mesh!r} needs {size} {device_type} devices, but "
+                          f"this host has {len(devices)}; make the mesh smaller"
+                          + (" or set runtime.cpu_devices" if device_type == "CPU" else ""))
+    mesh = dtensor.create_mesh(list(dims.items()), devices=[d.name for d in devices[:size]],
+                               device_type=device_type)
+    logging.info("DTensor mesh %s over %d %s device(s)", dtensor_layouts.format_mesh(dims), size,
+                 device_type)
+    return mesh, dims
+
+
+def make_dataset(mesh, config: config_lib.Config, split: str, training: bool):
+    """A repeated `DTensorDataset` of `split`: global batches split over the mesh's `batch`."""
+    replicas = mesh.dim_size(dtensor_layouts.BATCH)
+    dataset = reader.load(config.data.dir, split, config.data.batch_size // replicas,
+                          training=training, shuffle_buffer=config.data.shuffle_buffer,
+                          cache=config.data.cache, drop_remainder=True, repeat=True,
+                          seed=config.train.seed)
+    layouts = tf.nest.map_structure(
+        lambda spec: dtensor.Layout.batch_sharded(mesh, dtensor_layouts.BATCH, spec.shape.rank),
+        dataset.element_spec)
+    return dtensor.DTensorDataset(dataset, mesh=mesh, layouts=layouts,
+                                  global_batch_size=config.data.batch_size,
+                                  batch_dim=dtensor_layouts.BATCH, dataset_already_batched=True)
+
+
+def _plain_data(config: config_lib.Config, split: str):
+    return reader.load(config.data.dir, split, config.data.batch_size, training=False)
+
+
+def named_variables(model: keras.Model) -> dict:
+    """{LayoutMap path (`<layer name>.<attribute>`): variable} of a functional model."""
+    found = {}
+    for layer in model.layers:
+        for path, variable in layer._flatten(  # the traversal tf-keras's LayoutMap uses
+                predicate=lambda obj: isinstance(obj, tf.Variable), with_path=True):
+            if any(part in _SKIP_ATTRIBUTES for part in path):
+                continue
+            found.setdefault(layer.name + "." + ".".join(str(part) for part in path), variable)
+    return found
+
+
+def weights_of(model: keras.Model) -> list[dtensor_layouts.Weight]:
+    """The model's weights as the layout rules see them."""
+    layer_class = {}
+    for layer in model.layers:
+        for variable in layer.weights:
+            layer_class[id(variable)] = type(layer).__name__
+    return [dtensor_layouts.Weight(path, tuple(v.shape), layer_class.get(id(v), ""), v.dtype.size,
+                                   v.trainable)
+            for path, v in named_variables(model).items()]
+
+
+def resolve_layouts(model: keras.Model, model_name: str, user_rules: dict, dims: dict) -> dict:
+    """{path: spec} of the weights to shard (see `dtensor_layouts.resolve`)."""
+    rules = dtensor_layouts.make_rules(model_name, user_rules, dims)
+    plan = dtensor_layouts.resolve(weights_of(model), rules, dims)
+    for path, spec in plan.items():
+        logging.info("DTensor layout %s: %s", path, ",".join(spec))
+    return plan
+
+
+def build_sharded(model: keras.Model, mesh, plan: dict) -> keras.Model:
+    """Rebuilds `model` (from its config) with the weights of `plan` sharded, then copies the
+    ordinary model's weights into it, so both start from the same point."""
+    layout_map = keras.dtensor.experimental.LayoutMap(mesh=mesh)
+    for path, spec in plan.items():
+        layout_map["^" + re.escape(path) + "$"] = dtensor.Layout(list(spec), mesh)
+    try:
+        config = model.get_config()
+    except NotImplementedError:
+        config = None
+    if config is None or not hasattr(type(model), "from_config"):
+        raise ConfigError(f"model {model.name!r} cannot be rebuilt from its config: "
+                          "runtime.strategy=dtensor needs a functional or sequential tf_keras model")
+    with layout_map.scope():
+        sharded = type(model).from_config(config)
+    plain_vars, sharded_vars = named_variables(model), named_variables(sharded)
+    if set(plain_vars) != set(sharded_vars):
+        raise ConfigError(f"model {model.name!r} rebuilt from its config has other weights "
+                          f"({sorted(set(plain_vars) ^ set(sharded_vars))[:5]})")
+    for path, variable in sharded_vars.items():
+        expected = list(plan.get(path, [dtensor.UNSHARDED] * variable.shape.rank))
+        got = dtensor.fetch_layout(variable).sharding_specs
+        if got != expected:
+            raise ConfigError(f"weight {path} got layout {got}, expected {expected}")
+        variable.assign(dtensor.relayout(
+            dtensor.copy_to_mesh(plain_vars[path].read_value(),
+                                 dtensor.Layout.replicated(mesh, variable.shape.rank)),
+            dtensor.fetch_layout(variable)))
+    return sharded
+
+
+def gather(variable) -> "tf.Tensor":
+    """The full value of a (possibly sharded) DTensor variable, as an ordinary tensor."""
+    mesh = dtensor.fetch_layout(variable).mesh
+    replicated = dtensor.relayout(variable.read_value(),
+                                  dtensor.Layout.replicated(mesh, variable.shape.rank))
+    return dtensor.unpack(replicated)[0]
+
+
+def copy_weights(sharded: keras.Model, model: keras.Model) -> None:
+    """Copies the trained (sharded) weights into the ordinary model, by path."""
+    sharded_vars = named_variables(sharded)
+    for path, variable in named_variables(model).items():
+        variable.assign(gather(sharded_vars[path]))
+
+
+def optimizer_slots(name: str) -> int:
+    """Optimizer state per weight: Adam/AdamW keep 2 moments, SGD with momentum 1."""
+    return {"sgd": 1}.get(name, 2)
+
+
+def make_optimizer(train_config: config_lib.TrainConfig, plan, mesh):
+    """The optimizer of `train.optimizer`, with the run's schedule, as a DTensor optimizer.
+
+    Sparse gradients (Embedding) are made dense first: DTensor has no layout propagation for
+    the scatter ops of sparse updates (`ResourceScatterAdd`) in TensorFlow 2.21.
+    """
+    lr = optimizers.make_schedule(train_config, plan.steps_per_epoch, plan.total_steps)
+    dtensor_optimizers = keras.dtensor.experimental.optimizers
+    if train_config.optimizer == "sgd":
+        return _dense_gradients(dtensor_optimizers.SGD)(lr, momentum=train_config.momentum,
+                                                        mesh=mesh)
+    if train_config.optimizer == "adamw":
+        return _dense_gradients(dtensor_optimizers.AdamW)(
+            lr, weight_decay=train_config.weight_decay, mesh=mesh)
+    return _dense_gradients(dtensor_optimizers.Adam)(lr, mesh=mesh)
+
+
+def _dense_gradients(optimizer_class):
+    class DenseGradients(optimizer_class):
+        def apply_gradients(self, grads_and_vars, *args, **kwargs):
+            grads_and_vars = [(tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g, v)
+                              for g, v in grads_and_vars]
+            return super().apply_gradients(grads_and_vars, *args, **kwargs)
+
+    DenseGradients.__name__ = optimizer_class.__name__
+    return DenseGradients
