@@ -20,7 +20,7 @@ from tftrain.errors import ConfigError
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
 
-STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu")
+STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu", "dtensor")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SERVICE_MODES = ("parallel_epochs", "distributed_epoch")
@@ -86,6 +86,10 @@ class RuntimeConfig:
     tpu: str = ""  # local | NAME | grpc://host:port
     cpu_devices: int = 0  # >0: split the CPU into this many virtual devices (tests, mirrored on CPU)
     mixed_precision: str = "float32"
+    # strategy=dtensor (model parallelism, docs/dtensor.md): the device mesh ("batch:2,model:2")
+    # and rules: regex on weight path -> sharding spec, e.g. {"dense.*kernel": "unsharded,model"}
+    mesh: str = ""
+    layout_rules: dict = dataclasses.field(default_factory=dict)
     tpu_timeout: int = 60  # seconds to connect to and initialize the TPU before giving up
 
 
@@ -317,6 +321,10 @@ def validate(config: Config) -> None:
                           "or grpc://host:port")
     if config.runtime.strategy == "mirrored" and config.runtime.cpu_devices > 1:
         check_divisible(config.data.batch_size, config.runtime.cpu_devices)
+    if config.runtime.strategy == "dtensor":
+        from tftrain import dtensor_layouts  # no TensorFlow at import
+
+        dtensor_layouts.check_config(config)
     if not config.data.dir:
         raise ConfigError("data.dir is empty: name the dataset directory")
     from tftrain import models  # no TensorFlow at import

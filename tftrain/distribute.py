@@ -33,6 +33,9 @@ def create_strategy(runtime: RuntimeConfig) -> tf.distribute.Strategy:
     if runtime.cpu_devices > 0:
         configure_cpu_devices(runtime.cpu_devices)
     name = runtime.strategy
+    if name == "dtensor":  # a DTensor run exports an ordinary model: prune/quantize it as `auto`
+        logging.info("runtime.strategy=dtensor is not a tf.distribute strategy: using auto here")
+        name = "auto"
     if name == "auto":
         if runtime.tpu:
             name = "tpu"

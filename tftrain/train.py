@@ -48,6 +48,10 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         sigterm: preemption.SigtermHandler) -> dict:
     """The story of one run (see `train`)."""
     # 1. The strategy comes first: no TensorFlow op may run before it is built.
+    if config.runtime.strategy == "dtensor":  # model parallelism: a DTensor mesh, no strategy
+        from tftrain import dtensor_train
+
+        return dtensor_train.run(config, model_dir, overwrite, sigterm)
     strategy = distribute.create_strategy(config.runtime)
     num_replicas = strategy.num_replicas_in_sync
     chief = cluster.is_chief(strategy)  # multi-worker: only the chief writes the run's files

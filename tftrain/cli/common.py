@@ -20,11 +20,15 @@ _DEFINITIONS = {
         "model_dir", None, "Run directory (params.yaml, checkpoints/, backup/, logs/, export/, "
         "summary.json). gs:// works."),
     "strategy": lambda: flags.DEFINE_enum(
-        "strategy", None, ["auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu"],
+        "strategy", None,
+        ["auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu", "dtensor"],
         "Distribution strategy (runtime.strategy)."),
     "tpu": lambda: flags.DEFINE_string(
         "tpu", None, "TPU to use with --strategy=tpu: local, a TPU name or grpc://host:port "
         "(runtime.tpu)."),
+    "mesh": lambda: flags.DEFINE_string(
+        "mesh", None, "Device mesh for --strategy=dtensor, e.g. batch:2,model:2: batch splits the "
+        "data, model splits the weights (runtime.mesh)."),
     "data": lambda: flags.DEFINE_string(
         "data", None, "Dataset directory (with dataset.json)."),
     "split": lambda: flags.DEFINE_string("split", "test", "Dataset split to use."),

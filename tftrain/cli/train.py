@@ -1,6 +1,6 @@
 """Train a model from a YAML experiment config.
 
-Config is applied in this order: defaults -> --config file -> flags (--strategy, --tpu) ->
+Config is applied in this order: defaults -> --config file -> flags (--strategy, --tpu, --mesh) ->
 --params_override. With no --model_dir, a new run directory under runs/ is created.
 Example: tftrain train --config=digits --params_override='train.epochs=3'
 """
@@ -9,7 +9,8 @@ from absl import flags
 from tftrain.cli.common import use_flags
 
 FLAGS = flags.FLAGS
-use_flags(__name__, "config", "params_override", "model_dir", "strategy", "tpu", "overwrite")
+use_flags(__name__, "config", "params_override", "model_dir", "strategy", "tpu", "mesh",
+          "overwrite")
 flags.DEFINE_list("worker_hosts", None, "Multi-worker training without TF_CONFIG: every worker's "
                   "host:port, the same list on each worker (implies "
                   "--strategy=multi_worker_mirrored). The gRPC servers have no authentication: "
@@ -25,7 +26,8 @@ def main(argv):
     if len(argv) > 1:
         raise ConfigError(f"unexpected arguments {argv[1:]}: every option is a --flag")
     flag_values = {key: value for key, value in (("runtime.strategy", FLAGS.strategy),
-                                                  ("runtime.tpu", FLAGS.tpu)) if value is not None}
+                                                  ("runtime.tpu", FLAGS.tpu),
+                                                  ("runtime.mesh", FLAGS.mesh)) if value is not None}
     if FLAGS.worker_hosts is not None or FLAGS.task_index is not None:
         if FLAGS.worker_hosts is None or FLAGS.task_index is None:
             raise ConfigError("--worker_hosts and --task_index go together (host:port list, index)")
