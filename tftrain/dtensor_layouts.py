@@ -79,7 +79,8 @@ def parse_mesh(text: str) -> dict[str, int]:
     """'batch:2,model:2' -> {'batch': 2, 'model': 2}; both dimensions are required."""
     if not text or not text.strip():
         raise ConfigError("runtime.strategy=dtensor needs runtime.mesh (or --mesh), e.g. "
-                          "--mesh=batch:2,model:2 (batch splits the data, model splits the weights)")
+                          "--mesh=batch:2,model:2 (batch splits the data, model splits the "
+                          "weights)")
     mesh: dict[str, int] = {}
     for item in text.split(","):
         name, sep, size = item.strip().partition(":")

@@ -53,8 +53,8 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool, sigterm) -> 
     # 2. Data: the same reader, per-replica batches packed into DTensors split over `batch`.
     manifest = train.ensure_dataset(config.data)
     batch = config.data.batch_size
-    plan = train.plan_steps(config.train, manifest["splits"][config.data.train_split]["num_examples"],
-                            batch)
+    num_train = manifest["splits"][config.data.train_split]["num_examples"]
+    plan = train.plan_steps(config.train, num_train, batch)
     train_data = make_dataset(mesh, config, config.data.train_split, training=True)
     eval_data = make_dataset(mesh, config, config.data.eval_split, training=False)
     eval_steps = max(1, manifest["splits"][config.data.eval_split]["num_examples"] // batch)
@@ -213,7 +213,8 @@ def build_sharded(model: keras.Model, mesh, plan: dict) -> keras.Model:
         config = None
     if config is None or not hasattr(type(model), "from_config"):
         raise ConfigError(f"model {model.name!r} cannot be rebuilt from its config: "
-                          "runtime.strategy=dtensor needs a functional or sequential tf_keras model")
+                          "runtime.strategy=dtensor needs a functional or sequential tf_keras "
+                          "model")
     with layout_map.scope():
         sharded = type(model).from_config(config)
     plain_vars, sharded_vars = named_variables(model), named_variables(sharded)

@@ -27,7 +27,8 @@ def main(argv):
         raise ConfigError(f"unexpected arguments {argv[1:]}: every option is a --flag")
     flag_values = {key: value for key, value in (("runtime.strategy", FLAGS.strategy),
                                                   ("runtime.tpu", FLAGS.tpu),
-                                                  ("runtime.mesh", FLAGS.mesh)) if value is not None}
+                                                  ("runtime.mesh", FLAGS.mesh))
+                   if value is not None}
     if FLAGS.worker_hosts is not None or FLAGS.task_index is not None:
         if FLAGS.worker_hosts is None or FLAGS.task_index is None:
             raise ConfigError("--worker_hosts and --task_index go together (host:port list, index)")
