@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import time
 
 import numpy as np
@@ -42,6 +43,7 @@ class Pipeline(BasePipeline):
         self.bad_every = int(options.get("bad_every", 0))
         self.bad_read_every = int(options.get("bad_read_every", 0))
         self.fail_at = int(options.get("fail_at", -1))
+        self.kill_at = int(options.get("kill_at", -1))
         self.sleep_s = float(options.get("sleep_ms", 0)) / 1000
 
     def prepare(self, source):
@@ -61,6 +63,8 @@ class Pipeline(BasePipeline):
         i = row.value
         if self.sleep_s:
             time.sleep(self.sleep_s)
+        if i == self.kill_at:  # a worker dying without a word (the OOM killer, kill -9)
+            os.kill(os.getpid(), signal.SIGKILL)
         if i == self.fail_at:
             raise RuntimeError("the pipeline has a bug")
         if self.bad_every and i % self.bad_every == 1 % self.bad_every:
@@ -222,6 +226,9 @@ def test_a_failing_worker_is_one_clear_error_and_publishes_nothing(tmp_path):
     assert [n for n in output_names(out) if n.endswith(".tfrecord") or "tmp" in n] == []
     with pytest.raises(DataError, match=r"failed: RuntimeError: the pipeline has a bug"):
         write_dataset(Pipeline(n=50, fail_at=7), "", str(out), workers=1)
+    with pytest.raises(DataError, match=r"worker 1 of 2 was killed by signal 9 .*without reporting"):
+        write_dataset(Pipeline(n=400, kill_at=301), "", str(out), workers=2, num_shards=2)
+    assert [n for n in output_names(out) if n.endswith(".tfrecord") or "tmp" in n] == []
 
 
 def test_shard_sizing():

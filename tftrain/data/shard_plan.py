@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import itertools
-import math
 import os
 import posixpath
 

@@ -2,9 +2,9 @@
 
 Steps: refuse to replace a complete dataset (unless `overwrite`) and clear leftovers of an
 interrupted run; `pipeline.prepare`; a first look at the rows (`shard_plan.take_sample`) to
-size the shards; W worker processes (forked from a clean forkserver, see `processes`), each reading its
-own share of the rows and writing its own shards (`shard_worker`); then `bad_rows.jsonl` and,
-last, `dataset.json`. Every shard is written under a temporary name and renamed when complete,
+size the shards; W worker processes (forked from a clean forkserver, see `processes`), each
+reading its own share of the rows and writing its own shards (`shard_worker`); then
+`bad_rows.jsonl` and, last, `dataset.json`. Every shard is written under a temporary name and renamed when complete,
 and the manifest comes last, so an interrupted conversion (Ctrl-C, kill -9, a failed worker)
 never leaves a directory that a reader accepts; the rerun clears what it left and completes.
 """
@@ -189,21 +189,11 @@ def _run_processes(pipeline, source, info, plan, meter) -> list[dict]:
         messages.close()
 
 
-def _collect(processes, messages, plan, meter) -> list[dict]:
+def _collect(procs, messages, plan, meter) -> list[dict]:
+    """Receives progress and outcomes; raises one clear error for a failed or vanished worker."""
     summaries: dict[int, dict] = {}
-    while len(summaries) < len(processes):
-        try:
-            message = messages.get(timeout=0.5)
-        except queue_lib.Empty:
-            for worker, process in enumerate(processes):
-                if worker not in summaries and process.exitcode is not None:
-                    try:  # its last message may still be in the pipe
-                        message = messages.get(timeout=2)
-                        break
-                    except queue_lib.Empty:
-                        raise DataError(_died(worker, len(processes), process.exitcode)) from None
-            else:
-                continue
+
+    def handle(message) -> None:
         kind, worker = message[0], message[1]
         if kind == "progress":
             if meter:
@@ -213,15 +203,33 @@ def _collect(processes, messages, plan, meter) -> list[dict]:
         else:
             _, _, name, text, trace = message
             logging.error("conversion worker %d failed:\n%s", worker, trace)
-            error = {"ConfigError": ConfigError, "DataError": DataError}.get(name)
-            if error is None and name == "RowFailed":
-                error = DataError
-            elif error is None and name != "TftrainError":
-                error = DataError
-                text = f"{name}: {text}"
-            raise (error or TftrainError)(
-                f"conversion worker {worker} of {len(processes)} failed: {text}")
-    return [summaries[w] for w in range(len(processes))]
+            error = {"ConfigError": ConfigError, "DataError": DataError,
+                     "RowFailed": DataError, "TftrainError": TftrainError}.get(name)
+            if error is None:
+                error, text = DataError, f"{name}: {text}"
+            raise error(f"conversion worker {worker} of {len(procs)} failed: {text}")
+
+    last_check = time.monotonic()
+    while len(summaries) < len(procs):
+        try:
+            handle(messages.get(timeout=0.5))
+            if time.monotonic() - last_check < 1.0:
+                continue
+        except queue_lib.Empty:
+            pass
+        last_check = time.monotonic()
+        for worker, process in enumerate(procs):
+            if worker in summaries or process.exitcode is None:
+                continue
+            deadline = time.monotonic() + 2  # its last messages may still be in the pipe
+            while worker not in summaries and time.monotonic() < deadline:
+                try:
+                    handle(messages.get(timeout=0.2))
+                except queue_lib.Empty:
+                    pass
+            if worker not in summaries:
+                raise DataError(_died(worker, len(procs), process.exitcode))
+    return [summaries[w] for w in range(len(procs))]
 
 
 def _died(worker: int, workers: int, exitcode: int) -> str:
