@@ -41,7 +41,9 @@ def _read_if_exists(path: str) -> dict | None:
     return read_json(path) if tf.io.gfile.exists(path) else None
 
 
-def _row(name, accuracy, tflite_bytes, gzip_bytes, latency_ms, float_row, note=""):
+def make_row(name: str, accuracy: float, tflite_bytes: int, gzip_bytes: int, latency_ms: float,
+             float_row: dict | None, note: str = "") -> dict:
+    """One row of the comparison table; `float_row` is the reference (None for float itself)."""
     return {"model": name, "accuracy": accuracy, "tflite_bytes": tflite_bytes,
             "gzip_bytes": gzip_bytes, "latency_ms": latency_ms, "float": float_row, "note": note}
 
@@ -58,22 +60,22 @@ def comparison_rows(run_dir: str) -> list[dict]:
     float_row = None
     reference = next((r for r in quantized if r["source"] == "export"), None)
     if reference:
-        float_row = _row("float", reference["float_accuracy"], reference["float_tflite_bytes"],
+        float_row = make_row("float", reference["float_accuracy"], reference["float_tflite_bytes"],
                          reference["float_gzip_bytes"], reference["float_latency_ms"], None)
     elif pruned and "float_tflite" in pruned:
         f = pruned["float_tflite"]
-        float_row = _row("float", f["accuracy"], f["tflite_bytes"], f["gzip_bytes"],
+        float_row = make_row("float", f["accuracy"], f["tflite_bytes"], f["gzip_bytes"],
                          f["latency_ms"], None)
     rows = [float_row] if float_row else []
     if pruned and "tflite" in pruned:
         t = pruned["tflite"]
         sparsity = (f"{pruned['sparsity_m_by_n']} sparsity" if pruned.get("sparsity_m_by_n")
                     else f"{pruned['sparsity']:.0%} sparse")
-        rows.append(_row("pruned", t["accuracy"], t["tflite_bytes"], t["gzip_bytes"],
+        rows.append(make_row("pruned", t["accuracy"], t["tflite_bytes"], t["gzip_bytes"],
                          t["latency_ms"], float_row, sparsity))
     order = {"dynamic": 0, "int8": 1, "float16": 2, "qat": 3}
     for r in sorted(quantized, key=lambda r: (r["source"] != "export", order.get(r["mode"], 9))):
-        rows.append(_row(model_name(r["mode"], r["source"]), r["accuracy"], r["tflite_bytes"],
+        rows.append(make_row(model_name(r["mode"], r["source"]), r["accuracy"], r["tflite_bytes"],
                          r["gzip_bytes"], r["latency_ms"], float_row,
                          "" if r.get("passed", True) else "FAILED accuracy gate"))
     return rows

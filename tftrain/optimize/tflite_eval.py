@@ -33,6 +33,8 @@ class TfliteModel:
     """
 
     def __init__(self, model: bytes | str, num_threads: int = 1):
+        if not isinstance(model, (bytes, bytearray)) and not tf.io.gfile.exists(model):
+            raise TftrainError(f"no TFLite model at {model}")
         content = model if isinstance(model, (bytes, bytearray)) else sizes.read_bytes(model)
         self.size = len(content)
         try:
