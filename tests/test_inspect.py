@@ -48,7 +48,7 @@ def test_describe(dataset):
     text = inspection.describe(dataset)
     assert "400 examples" in text and "pipeline tests.test_convert" in text
     assert "x" in text and "int64 []" in text
-    assert "train" in text and "2 shard(s)" in text
+    assert "train: 400 examples in 2 shard(s)" in text
     assert "labels (label):" in text
     lines = text.splitlines()
     label_rows = lines[lines.index("labels (label):") + 2:]

@@ -78,12 +78,10 @@ def describe(data_dir: str) -> str:
         extra = " (variable length)" if feature.get("varlen") else ""
         lines.append(f"  {name:<{width}}  {feature['dtype']} {feature.get('shape', [])}{extra}")
     lines.append("splits:")
-    width = max(map(len, splits), default=0)
     for split, entry in splits.items():
         sizes = [sh["bytes"] for sh in entry["shards"]]
-        lines.append(f"  {split:<{width}}  {entry['num_examples']:>10,} examples  "
-                     f"{len(sizes):>4} shard(s)  {_size(sum(sizes))} (shards {_size(min(sizes))} "
-                     f"to {_size(max(sizes))})")
+        lines.append(f"  {split}: {entry['num_examples']} examples in {len(sizes)} shard(s), "
+                     f"{_size(sum(sizes))} (shards {_size(min(sizes))} to {_size(max(sizes))})")
     bad = manifest.get("bad_rows", {})
     lines.append(f"bad rows skipped: {bad.get('count', 0):,}"
                  + (f" (listed in {join(data_dir, bad['file'])})" if bad.get("file") else ""))
