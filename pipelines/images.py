@@ -52,8 +52,12 @@ def decode_image_batch(features: dict, height: int, width: int, channels: int):
     import tensorflow as tf
 
     def decode_one(encoded):
-        image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
-        image = tf.image.resize_with_pad(tf.cast(image, tf.float32), height, width)
+        image = tf.cast(tf.io.decode_image(encoded, channels=channels, expand_animations=False),
+                        tf.float32)
+        # Most datasets are stored at the training size: skip the (costly) resize for those.
+        same_size = tf.reduce_all(tf.shape(image)[:2] == [height, width])
+        image = tf.cond(same_size, lambda: tf.ensure_shape(image, [height, width, channels]),
+                        lambda: tf.image.resize_with_pad(image, height, width))
         return image / 255.0
 
     images = tf.map_fn(decode_one, features["image/encoded"],

@@ -15,6 +15,13 @@ def test_shipped_config_and_override_order(tmp_path):
     assert flag_only.runtime.strategy == "mirrored"
 
 
+def test_exponent_floats_without_a_dot():
+    config = config_lib.build_config("digits", {}, "train.learning_rate=1e-5")
+    assert config.train.learning_rate == 1e-5
+    with pytest.raises(ConfigError, match="'train.learning_rate' must be of type float, got 'fast'"):
+        config_lib.build_config("digits", {}, "train.learning_rate=fast")
+
+
 def test_yaml_file_path_and_nested_override(tmp_path):
     path = tmp_path / "exp.yaml"
     path.write_text("model:\n  name: mlp\n  params: {hidden_units: [32]}\ntrain:\n  learning_rate: 1\n")

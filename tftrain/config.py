@@ -140,6 +140,11 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     expected = origin or tp
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if expected is float and isinstance(value, str):
+        try:  # YAML 1.1 reads '1e-5' (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
     if expected is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
     if expected is int and isinstance(value, bool) or not isinstance(value, expected):
