@@ -181,9 +181,8 @@ def run_tftrain(kind: str, src: str, out: str, workers: int) -> int:
 
 def child(method: str, kind: str, src: str, out: str) -> None:
     """Runs one method and prints {"seconds", "examples", "bytes"} as JSON."""
+    import tftrain  # noqa: F401  (selects tf-keras before TensorFlow is imported)
     import tensorflow as tf  # noqa: F401  (imported before the clock starts, for every method)
-
-    import tftrain  # noqa: F401
 
     if method == "tftrain_w2":
         from tftrain.data import processes
