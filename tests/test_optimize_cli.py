@@ -34,6 +34,12 @@ def _copy_run(run, destination, with_export=True):
     return destination
 
 
+def _hidden_dense(model):
+    """The model registry's cnn names only its logits layer; find the hidden Dense by type."""
+    (dense,) = [l for l in model.layers if isinstance(l, keras.layers.Dense) and l.name != "logits"]
+    return dense
+
+
 def _read(path):
     return json.loads(path.read_text())
 
@@ -53,7 +59,7 @@ def test_prune_then_quantize_then_evaluate(run, digits_dir, capsys, tmp_path):
     assert report["accuracy_after"] > 0.85
     assert (run / "pruned/saved_model.pb").exists() and (run / "pruned/model.tflite").exists()
     pruned = keras.models.load_model(str(run / "pruned"), compile=False)
-    kernel = pruned.get_layer("dense").kernel.numpy()
+    kernel = _hidden_dense(pruned).kernel.numpy()
     assert abs((kernel == 0).mean() - 0.75) < 0.01
     capsys.readouterr()
 
@@ -107,7 +113,7 @@ def test_accuracy_gate_fires_and_keeps_the_report(run, tmp_path, capsys):
     model = keras.models.load_model(str(run / "export"), compile=False)
     # One hidden unit always outputs 1e4 and feeds nothing: the float model is unchanged, but int8
     # activations of that layer get a step of ~40, which wipes out every other unit.
-    dense = model.get_layer("dense")
+    dense = _hidden_dense(model)
     kernel, bias = dense.get_weights()
     bias[0] = 1e4
     dense.set_weights([kernel, bias])

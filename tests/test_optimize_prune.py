@@ -50,7 +50,7 @@ def test_2_by_4_structure_holds_on_the_weights(trained, digits_dir):
                                steps_per_epoch=steps_per_epoch(digits_dir), m_by_n=(2, 4))
     kernels = _kernels(result.model)
     # Checked directly: each run of 4 input-channel weights of each output keeps <= 2 non-zeros.
-    for name in ("conv2d_1", "dense", "logits"):
+    for name in ("conv_b", "hidden", "logits"):
         kernel = kernels[name]
         rows = np.moveaxis(kernel, -1, 0).reshape(-1, kernel.shape[-2])
         assert ((rows.reshape(-1, 4) != 0).sum(axis=1) <= 2).all(), name
@@ -58,8 +58,8 @@ def test_2_by_4_structure_holds_on_the_weights(trained, digits_dir):
     report = prune.sparsity_report(result.model, result.pruned_weights, (2, 4))
     by_name = {layer["layer"]: layer for layer in report["layers"]}
     # The first conv has one input channel: TFMOT silently leaves it dense, and the report says so.
-    assert by_name["conv2d"]["m_by_n_ok"] is None and by_name["conv2d"]["sparsity"] < 0.1
-    assert by_name["dense"]["m_by_n_ok"] is True and abs(by_name["dense"]["sparsity"] - 0.5) < 0.01
+    assert by_name["conv_a"]["m_by_n_ok"] is None and by_name["conv_a"]["sparsity"] < 0.1
+    assert by_name["hidden"]["m_by_n_ok"] is True and abs(by_name["hidden"]["sparsity"] - 0.5) < 0.01
     assert prune.check_sparsity_reached(report, 0.5, (2, 4)) == []
 
 

@@ -63,7 +63,7 @@ def test_int8_needs_representative_data_and_int8_io_needs_int8(trained):
 
 def test_qat_end_to_end(trained, digits_dir):
     qat, float_layers = quantize.quantization_aware_training(
-        trained, digits_train(digits_dir), steps_per_epoch=20, epochs=1)
+        trained, digits_train(digits_dir), steps_per_epoch=30, epochs=1, learning_rate=2e-4)
     assert float_layers == []
     assert any("Quantize" in type(layer).__name__ for layer in qat.layers)
     content = quantize.convert(qat, "qat")

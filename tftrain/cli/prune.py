@@ -4,7 +4,7 @@ Runs under the run's own strategy, data and optimizer (its params.yaml); writes 
 SavedModel, float.tflite and model.tflite) and RUN/pruned/report.json (per-layer and overall
 sparsity, parameter counts, gzip sizes and accuracy before/after on the evaluation split), then
 prints the comparison table. Exits non-zero if a pruned layer misses the target sparsity.
-Example: tftrain prune --model_dir=runs/demo --target_sparsity=0.8 --epochs=2
+Example: tftrain prune --model_dir=runs/demo --target_sparsity=0.8 --epochs=4
 """
 from absl import flags
 
@@ -15,11 +15,11 @@ use_flags(__name__, "model_dir", "strategy", "split")
 flags.DEFINE_float("target_sparsity", 0.8, "Fraction of each pruned kernel set to zero, in (0, 1).")
 flags.DEFINE_string("sparsity_m_by_n", "", "Structured sparsity instead of a fraction: M:N keeps "
                     "at most N-M non-zeros in every N consecutive input-channel weights, e.g. 2:4.")
-flags.DEFINE_integer("epochs", 2, "Fine-tuning epochs (mask updates are spread over them).")
+flags.DEFINE_integer("epochs", 4, "Fine-tuning epochs (mask updates are spread over them).")
 flags.DEFINE_enum("pruning_schedule", "polynomial", ["polynomial", "constant"],
                   "Sparsity ramp: polynomial (0 -> target over 2/3 of the steps) or constant.")
-flags.DEFINE_float("learning_rate", None, "Fine-tuning learning rate (default: the run's "
-                   "train.learning_rate).")
+flags.DEFINE_float("learning_rate", None, "Fine-tuning learning rate, constant (default: a "
+                   "quarter of the run's train.learning_rate), with the run's optimizer.")
 
 
 def main(argv):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 
 import tensorflow as tf
+import tf_keras as keras
 from absl import logging
 
 from tftrain import config as config_lib
@@ -78,27 +79,42 @@ def _train_data(config: config_lib.Config, strategy):
     return dataset, steps_per_epoch
 
 
+def fine_tuning_rate(config: config_lib.Config, learning_rate: float | None) -> float:
+    """`learning_rate` when given, else a quarter of the run's `train.learning_rate`."""
+    return learning_rate or config.train.learning_rate / 4
+
+
 def _optimizer_fn(config: config_lib.Config, learning_rate: float | None, steps_per_epoch: int,
                   epochs: int):
-    """The run's optimizer (`train.optimizer`) at a constant rate: the run's, or `learning_rate`."""
+    """The run's optimizer (`train.optimizer`) at a constant rate: `learning_rate`, by default a
+    quarter of the run's `train.learning_rate` (fine-tuning starts from a trained model)."""
     train_config = dataclasses.replace(
-        config.train, learning_rate=learning_rate or config.train.learning_rate,
+        config.train, learning_rate=fine_tuning_rate(config, learning_rate),
         lr_schedule="constant", warmup_steps=0)
     return lambda: optimizers.make_optimizer(train_config, steps_per_epoch,
                                              steps_per_epoch * epochs)
 
 
-def _tflite_measure(content: bytes, path: str, eval_data, num_threads: int,
-                    max_examples: int | None) -> dict:
-    """Writes a .tflite and measures it with the interpreter on the evaluation data."""
+def _tflite_measure(content: bytes, path: str, eval_data, max_examples: int | None) -> dict:
+    """Writes a .tflite and evaluates its accuracy with the interpreter on the evaluation data."""
     sizes.write_bytes(path, content)
-    result = tflite_eval.evaluate_tflite(content, eval_data, num_threads=num_threads,
-                                         max_examples=max_examples)
-    return {"path": path, **result}
+    result = tflite_eval.evaluate_tflite(content, eval_data, max_examples=max_examples,
+                                         latency_rounds=1)
+    return {"path": path, "content": content, **result}
+
+
+def _add_latencies(measured: dict, eval_data, num_threads: int) -> None:
+    """Sets each entry's `latency_ms` from one interleaved comparison of all the models."""
+    latencies = tflite_eval.compare_latencies(
+        {name: entry["content"] for name, entry in measured.items()}, eval_data,
+        num_threads=num_threads)
+    for name, entry in measured.items():
+        entry["latency_ms"] = latencies[name]
+        del entry["content"]
 
 
 def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | None = None,
-              epochs: int = 2, schedule: str = "polynomial", learning_rate: float | None = None,
+              epochs: int = 4, schedule: str = "polynomial", learning_rate: float | None = None,
               split: str | None = None, strategy_name: str | None = None, num_threads: int = 1,
               max_eval_examples: int | None = None, strategy=None) -> dict:
     """Prunes `model_dir/export` under the run's strategy, data and optimizer; writes `pruned/`.
@@ -114,6 +130,7 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
     source = model_path(model_dir, "export")
     # The strategy comes first: no TensorFlow op may run before it is built.
     strategy = strategy or _strategy(config)
+    keras.utils.set_random_seed(config.train.seed)
     train_data, steps_per_epoch = _train_data(config, strategy)
     split, eval_data = _eval_data(config, split)
 
@@ -131,16 +148,17 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
 
     out = join(model_dir, report.PRUNED)
     train.export(result.model, out)
-    measure = lambda model, name: _tflite_measure(  # noqa: E731
-        quantize.convert(model, "float"), join(out, name), eval_data, num_threads,
-        max_eval_examples)
+    tflite = {name: _tflite_measure(quantize.convert(m, "float"), join(out, f"{name}.tflite"),
+                                    eval_data, max_eval_examples)
+              for name, m in (("float", model), ("model", result.model))}
+    _add_latencies(tflite, eval_data, num_threads)
     summary = {
         "source": source, "split": split, "strategy": distribute.strategy_name(strategy),
         "num_replicas": strategy.num_replicas_in_sync,
         "target_sparsity": None if structure else target_sparsity,
         "sparsity_m_by_n": m_by_n or None, "schedule": dataclasses.asdict(result.schedule),
         "epochs": epochs, "steps_per_epoch": steps_per_epoch,
-        "learning_rate": learning_rate or config.train.learning_rate,
+        "learning_rate": fine_tuning_rate(config, learning_rate),
         "sparsity": after["sparsity"], "sparsity_before": before["sparsity"],
         "num_params": after["num_params"], "pruned_params": after["pruned_params"],
         "nonzero_params_before": before["nonzero_params"],
@@ -151,8 +169,8 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
         "accuracy_drop": accuracy_before - accuracy_after,
         "unsupported_layers": result.unsupported_layers,
         "layers": after["layers"],
-        "float_tflite": measure(model, "float.tflite"),
-        "tflite": measure(result.model, "model.tflite"),
+        "float_tflite": tflite["float"],
+        "tflite": tflite["model"],
     }
     summary["gzip_ratio"] = summary["gzip_bytes_after"] / summary["gzip_bytes_before"]
     summary["problems"] = prune.check_sparsity_reached(after, target_sparsity, structure)
@@ -191,54 +209,56 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
     out = join(model_dir, report.QUANTIZED)
     tf.io.gfile.makedirs(out)
 
-    reference = _tflite_measure(
-        quantize.convert(model, "float"),
-        join(out, f"model_{report.model_name('float', source)}.tflite"), eval_data, num_threads,
-        max_eval_examples)
-    reports, failures = [], []
+    float_name = report.model_name("float", source)
+    measured = {float_name: _tflite_measure(
+        quantize.convert(model, "float"), join(out, f"model_{float_name}.tflite"), eval_data,
+        max_eval_examples)}
+    extras = {}
     for mode in modes:
-        float_layers = None
-        to_convert = model
+        to_convert, extra = model, {}
         if mode == "qat":
             train_data, steps_per_epoch = _train_data(config, strategy)
             to_convert, float_layers = quantize.quantization_aware_training(
                 model, train_data, steps_per_epoch=steps_per_epoch, epochs=qat_epochs,
                 preserve_sparsity=source == "pruned",
                 optimizer_fn=_optimizer_fn(config, qat_learning_rate, steps_per_epoch, qat_epochs),
-                strategy=strategy,
-                verbose=2 if logging.level_info() else 0)
+                strategy=strategy, verbose=2 if logging.level_info() else 0)
+            extra = {"float_layers": float_layers, "qat_epochs": qat_epochs}
         calibration = None
         if mode == "int8":
             calibration = data_lib.load(config.data.dir, config.data.train_split,
                                         config.data.batch_size, training=True,
                                         seed=config.train.seed)
+            extra = {"num_calibration_examples": num_calibration_examples}
         content = quantize.convert(to_convert, mode, representative_data=calibration,
                                    num_calibration_examples=num_calibration_examples,
                                    int8_io=int8_io and mode in ("int8", "qat"))
-        measured = _tflite_measure(
-            content, join(out, f"model_{report.model_name(mode, source)}.tflite"), eval_data,
-            num_threads, max_eval_examples)
-        drop = reference["accuracy"] - measured["accuracy"]
+        name = report.model_name(mode, source)
+        measured[name] = _tflite_measure(content, join(out, f"model_{name}.tflite"), eval_data,
+                                         max_eval_examples)
+        extras[mode] = extra
+    _add_latencies(measured, eval_data, num_threads)
+
+    reference = measured[float_name]
+    reports, failures = [], []
+    for mode in modes:
+        result = measured[report.model_name(mode, source)]
+        drop = reference["accuracy"] - result["accuracy"]
         entry = {
             "mode": mode, "source": source, "model": path, "split": split,
-            "tflite_path": measured["path"], "tflite_bytes": measured["tflite_bytes"],
-            "gzip_bytes": measured["gzip_bytes"], "accuracy": measured["accuracy"],
-            "latency_ms": measured["latency_ms"], "num_examples": measured["num_examples"],
+            "tflite_path": result["path"], "tflite_bytes": result["tflite_bytes"],
+            "gzip_bytes": result["gzip_bytes"], "accuracy": result["accuracy"],
+            "latency_ms": result["latency_ms"], "num_examples": result["num_examples"],
             "float_tflite_path": reference["path"],
             "float_tflite_bytes": reference["tflite_bytes"],
             "float_gzip_bytes": reference["gzip_bytes"],
             "float_accuracy": reference["accuracy"], "float_latency_ms": reference["latency_ms"],
             "accuracy_drop": drop, "max_accuracy_drop": max_accuracy_drop,
-            "size_ratio": measured["tflite_bytes"] / reference["tflite_bytes"],
-            "latency_ratio": measured["latency_ms"] / reference["latency_ms"],
+            "size_ratio": result["tflite_bytes"] / reference["tflite_bytes"],
+            "latency_ratio": result["latency_ms"] / reference["latency_ms"],
             "int8_io": bool(int8_io and mode in ("int8", "qat")),
-            "passed": drop <= max_accuracy_drop + 1e-9,
+            "passed": drop <= max_accuracy_drop + 1e-9, **extras[mode],
         }
-        if mode == "int8":
-            entry["num_calibration_examples"] = num_calibration_examples
-        if float_layers is not None:
-            entry["float_layers"] = float_layers
-            entry["qat_epochs"] = qat_epochs
         report_path = report.write_quantized_report(model_dir, entry)
         reports.append(entry)
         if not entry["passed"]:

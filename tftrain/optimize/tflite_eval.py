@@ -160,3 +160,24 @@ def evaluate_tflite(path: bytes | str, dataset, *, max_examples: int | None = No
             "num_examples": int(len(labels)),
             "tflite_bytes": runner.size,
             "gzip_bytes": sizes.gzip_bytes(bytes(content))}
+
+
+def compare_latencies(models: dict, dataset, *, rounds: int = 5, examples: int = 256,
+                      num_threads: int = 1) -> dict[str, float]:
+    """Mean `invoke` milliseconds per example of each model (name -> bytes or path), compared fairly.
+
+    All models run the same first `examples` examples, in interleaved rounds (model A, B, ...,
+    then again), so a burst of load from other processes hits them alike; each keeps its
+    fastest round.
+    """
+    runners = {name: TfliteModel(model, num_threads) for name, model in models.items()}
+    inputs = [example for example, _ in _examples(dataset, examples)]
+    if not inputs:
+        raise TftrainError("the evaluation dataset is empty")
+    best = {name: float("inf") for name in runners}
+    for runner in runners.values():
+        runner.run(inputs[0])  # warm-up
+    for _ in range(rounds):
+        for name, runner in runners.items():
+            best[name] = min(best[name], float(np.mean([runner.run(x)[1] for x in inputs])))
+    return {name: 1000.0 * seconds for name, seconds in best.items()}
