@@ -14,7 +14,7 @@ from absl import logging
 
 from tftrain import config as config_lib
 from tftrain import data as data_lib
-from tftrain import distribute, optimizers, run_dir, train
+from tftrain import cluster, distribute, optimizers, run_dir, train
 from tftrain.data import manifest as manifest_lib
 from tftrain.data import reader
 from tftrain.errors import ConfigError, TftrainError
@@ -146,8 +146,13 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
     after = prune.sparsity_report(result.model, result.pruned_weights, structure)
     accuracy_after = metrics.keras_accuracy(result.model, eval_data)
 
+    # Every worker takes part in the save; non-chief workers into a temporary directory.
     out = join(model_dir, report.PRUNED)
-    train.export(result.model, out)
+    written = cluster.write_dir_for(out, strategy)
+    train.export(result.model, written)
+    cluster.cleanup(written, out)
+    if not cluster.is_chief(strategy):
+        return {"sparsity": after["sparsity"], "accuracy_after": accuracy_after}
     tflite = {name: _tflite_measure(quantize.convert(m, "float"), join(out, f"{name}.tflite"),
                                     eval_data, max_eval_examples)
               for name, m in (("float", model), ("model", result.model))}
@@ -176,9 +181,10 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
     summary["problems"] = prune.check_sparsity_reached(after, target_sparsity, structure)
     write_json(join(out, report.REPORT), summary)
     logging.info("pruned model and report in %s", out)
-    if summary["problems"] and not structure:
+    if summary["problems"]:
         raise TftrainError(f"pruning missed its target ({'; '.join(summary['problems'])}); the "
-                           f"report is in {out}/{report.REPORT}. Fine-tune longer (--epochs).")
+                           f"report is in {out}/{report.REPORT}. Fine-tune longer (--epochs) or check the layers "
+                           "named.")
     return summary
 
 
@@ -224,6 +230,8 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
                 optimizer_fn=_optimizer_fn(config, qat_learning_rate, steps_per_epoch, qat_epochs),
                 strategy=strategy, verbose=2 if logging.level_info() else 0)
             extra = {"float_layers": float_layers, "qat_epochs": qat_epochs}
+            if not cluster.is_chief(strategy):  # multi-worker: the chief converts and reports
+                return []
         calibration = None
         if mode == "int8":
             calibration = data_lib.load(config.data.dir, config.data.train_split,

@@ -6,6 +6,7 @@ Pruned weights are stored dense (zeros included), so pruning shows up only after
 from __future__ import annotations
 
 import gzip
+import os
 
 import numpy as np
 import tensorflow as tf
@@ -35,7 +36,7 @@ def read_bytes(path: str) -> bytes:
 
 def write_bytes(path: str, data: bytes) -> None:
     """Writes `data` to `path` atomically (temporary name, then rename)."""
-    tmp = path + ".tmp"
+    tmp = f"{path}.tmp-{os.getpid()}"
     with tf.io.gfile.GFile(tmp, "wb") as f:
         f.write(data)
     tf.io.gfile.rename(tmp, path, overwrite=True)
