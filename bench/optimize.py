@@ -11,7 +11,8 @@ Steps: train the float model; prune a clone to 80% sparsity (`tftrain.optimize.p
 schedule, `--prune_epochs` of fine-tuning); convert float, pruned (float), dynamic, int8 (100
 training examples for calibration) and float16 .tflite files; run each with the LiteRT
 interpreter on the test split (accuracy, and latency: mean invoke time per example at batch 1,
-one thread, the fastest of 5 interleaved rounds over 256 examples). Prints one table with every ratio to float, and the targets:
+one thread, the fastest of 5 interleaved rounds over 256 examples). Prints one table with every
+ratio to float, and the targets:
   pruned: sparsity >= 0.8, accuracy drop <= 1 point, gzip size <= 0.4x dense
   int8:   size <= 0.3x float .tflite, accuracy drop <= 1 point, latency <= float
 """

@@ -1,4 +1,4 @@
-"""`tftrain prune`, `tftrain quantize` and `tftrain evaluate --model=X.tflite` on a real run directory.
+"""`tftrain prune`, `tftrain quantize`, `tftrain evaluate --model=X.tflite` on a real run dir.
 
 The run is trained once, mirrored over the test process's 2 virtual CPUs, so pruning and
 quantization-aware training run under the same strategy as training.

@@ -15,8 +15,9 @@ from tftrain.optimize import keras_model, metrics, quantize
 def small_cnn(name="small_cnn", dtype=None):
     """A digits CNN whose kernels (after the first conv) have input channels divisible by 4."""
     inputs = keras.Input((8, 8, 1), name="image")
-    x = keras.layers.Conv2D(8, 3, padding="same", activation="relu", dtype=dtype, name="conv_a")(inputs)
-    x = keras.layers.Conv2D(16, 3, padding="same", activation="relu", dtype=dtype, name="conv_b")(x)
+    conv = dict(kernel_size=3, padding="same", activation="relu", dtype=dtype)
+    x = keras.layers.Conv2D(8, name="conv_a", **conv)(inputs)
+    x = keras.layers.Conv2D(16, name="conv_b", **conv)(x)
     x = keras.layers.MaxPooling2D(dtype=dtype)(x)
     x = keras.layers.Flatten(dtype=dtype)(x)
     x = keras.layers.Dense(32, activation="relu", dtype=dtype, name="hidden")(x)

@@ -4,7 +4,7 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from tests.test_optimize_models import (digits_eval, digits_train, small_cnn,  # noqa: F401
+from tests.test_optimize_models import (digits_eval, digits_train,  # noqa: F401
                                         steps_per_epoch, trained)
 from tftrain.errors import ConfigError, TftrainError
 from tftrain.optimize import metrics, prune, quantize, tflite_eval
@@ -20,8 +20,10 @@ def float_tflite(trained):
 
 
 @pytest.mark.parametrize("mode,max_ratio", [("dynamic", 0.4), ("int8", 0.4), ("float16", 0.6)])
-def test_post_training_modes_match_the_float_model(mode, max_ratio, trained, float_tflite, digits_dir):
-    content = quantize.convert(trained, mode, representative_data=digits_train(digits_dir, repeat=False))
+def test_post_training_modes_match_the_float_model(mode, max_ratio, trained, float_tflite,
+                                                   digits_dir):
+    calibration = digits_train(digits_dir, repeat=False)
+    content = quantize.convert(trained, mode, representative_data=calibration)
     assert len(content) < max_ratio * len(float_tflite)
     outputs, labels, seconds = tflite_eval.predict_tflite(content, digits_eval(digits_dir))
     expected = _float_classes(trained, digits_eval(digits_dir))
@@ -29,7 +31,8 @@ def test_post_training_modes_match_the_float_model(mode, max_ratio, trained, flo
     # The interpreter agrees with the float Keras model on nearly every example.
     assert (metrics.predicted_classes(outputs) == expected).mean() >= 0.95
     result = tflite_eval.evaluate_tflite(content, digits_eval(digits_dir))
-    assert abs(result["accuracy"] - metrics.keras_accuracy(trained, digits_eval(digits_dir))) <= 0.03
+    float_accuracy = metrics.keras_accuracy(trained, digits_eval(digits_dir))
+    assert abs(result["accuracy"] - float_accuracy) <= 0.03
     assert result["latency_ms"] > 0 and result["tflite_bytes"] == len(content)
 
 
@@ -37,16 +40,18 @@ def test_float_tflite_outputs_equal_keras_outputs(trained, float_tflite, digits_
     path = tmp_path / "float.tflite"
     path.write_bytes(float_tflite)
     outputs, _, _ = tflite_eval.predict_tflite(str(path), digits_eval(digits_dir), max_examples=64)
-    expected = np.concatenate([trained(x, training=False).numpy() for x, _ in digits_eval(digits_dir)])
+    expected = np.concatenate([trained(x, training=False).numpy()
+                               for x, _ in digits_eval(digits_dir)])
     np.testing.assert_allclose(outputs, expected[:64], atol=1e-4, rtol=1e-4)
 
 
 def test_int8_inputs_and_outputs(trained, digits_dir):
-    content = quantize.convert(trained, "int8", representative_data=digits_train(digits_dir, repeat=False),
-                               int8_io=True)
+    content = quantize.convert(trained, "int8", int8_io=True,
+                               representative_data=digits_train(digits_dir, repeat=False))
     runner = tflite_eval.TfliteModel(content)
     details = runner.interpreter.get_input_details()[0]
-    assert details["dtype"] == np.int8 and runner.interpreter.get_output_details()[0]["dtype"] == np.int8
+    assert details["dtype"] == np.int8
+    assert runner.interpreter.get_output_details()[0]["dtype"] == np.int8
     outputs, _, _ = tflite_eval.predict_tflite(runner, digits_eval(digits_dir))
     expected = _float_classes(trained, digits_eval(digits_dir))
     assert (metrics.predicted_classes(outputs) == expected).mean() >= 0.95
@@ -127,7 +132,8 @@ def test_multi_input_model_runs_by_input_name():
     a, b = keras.Input((3,), name="a"), keras.Input((2,), name="b")
     model = keras.Model([a, b], keras.layers.Dense(4)(keras.layers.Concatenate()([a, b])))
     rng = np.random.default_rng(0)
-    inputs = {"a": rng.random((10, 3), dtype=np.float32), "b": rng.random((10, 2), dtype=np.float32)}
+    inputs = {"a": rng.random((10, 3), dtype=np.float32),
+              "b": rng.random((10, 2), dtype=np.float32)}
     dataset = tf.data.Dataset.from_tensor_slices((inputs, np.zeros(10, np.int32))).batch(4)
     outputs, _, _ = tflite_eval.predict_tflite(quantize.convert(model, "float"), dataset)
     np.testing.assert_allclose(outputs, model.predict(inputs, verbose=0), atol=1e-5)

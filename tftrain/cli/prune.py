@@ -1,4 +1,4 @@
-"""Prune a trained model: fine-tune a clone with magnitude pruning, measured against the float model.
+"""Prune a trained model: fine-tune a clone with magnitude pruning, measured against the float.
 
 Runs under the run's own strategy, data and optimizer (its params.yaml); writes RUN/pruned/ (a
 SavedModel, float.tflite and model.tflite) and RUN/pruned/report.json (per-layer and overall

@@ -28,9 +28,9 @@ def check_tf_keras(model, what: str = "model") -> None:
     if is_keras3(model):
         raise TftrainError(
             f"the {what} is a Keras 3 model ({type(model).__module__}.{type(model).__name__}); "
-            "pruning and quantization (tensorflow-model-optimization) work only with tf-keras: build "
-            "the model with `import tf_keras as keras` (tftrain sets TF_USE_LEGACY_KERAS=1) and "
-            "save it with model.save(path, save_format='tf').")
+            "pruning and quantization (tensorflow-model-optimization) work only with tf-keras: "
+            "build the model with `import tf_keras as keras` (tftrain sets "
+            "TF_USE_LEGACY_KERAS=1) and save it with model.save(path, save_format='tf').")
     if not isinstance(model, keras.Model):
         raise TftrainError(
             f"the {what} is a {type(model).__module__}.{type(model).__name__}, not a tf-keras "

@@ -61,7 +61,8 @@ class Schedule:
         """The TFMOT schedule object."""
         if self.kind == "constant":
             return tfmot.sparsity.keras.ConstantSparsity(
-                self.target_sparsity, begin_step=0, end_step=self.end_step, frequency=self.frequency)
+                self.target_sparsity, begin_step=0, end_step=self.end_step,
+                frequency=self.frequency)
         return tfmot.sparsity.keras.PolynomialDecay(
             initial_sparsity=0.0, final_sparsity=self.target_sparsity, begin_step=0,
             end_step=self.end_step, frequency=self.frequency)
@@ -74,7 +75,8 @@ def make_schedule(kind: str, target_sparsity: float, total_steps: int) -> Schedu
     `end_step` is a multiple of `frequency`, so the last update lands exactly on the target.
     """
     if kind not in SCHEDULES:
-        raise ConfigError(f"unknown pruning schedule {kind!r}; choose one of {', '.join(SCHEDULES)}")
+        raise ConfigError(f"unknown pruning schedule {kind!r}; choose one of "
+                          f"{', '.join(SCHEDULES)}")
     check_target_sparsity(target_sparsity)
     if total_steps < 1:
         raise ConfigError(f"pruning needs at least one fine-tuning step, got {total_steps}")
@@ -205,7 +207,10 @@ def sparsity_report(model: keras.Model, pruned_weights: set[str] | None = None,
             value = weight.numpy()
             entry["params"] += value.size
             entry["nonzero_params"] += int(np.count_nonzero(value))
-            selected = (weight.name in pruned_weights) if pruned_weights is not None else value.ndim >= 2
+            if pruned_weights is not None:
+                selected = weight.name in pruned_weights
+            else:
+                selected = value.ndim >= 2
             if not selected:
                 continue
             layer_zeros = int(value.size - np.count_nonzero(value))

@@ -62,7 +62,8 @@ def convert(model: keras.Model, mode: str = "float", *, representative_data=None
     converter fails.
     """
     if mode not in _CONVERSIONS:
-        raise ConfigError(f"unknown conversion mode {mode!r}; choose one of {', '.join(_CONVERSIONS)}")
+        raise ConfigError(f"unknown conversion mode {mode!r}; choose one of "
+                          f"{', '.join(_CONVERSIONS)}")
     check_tf_keras(model)
     if is_mixed_precision(model):
         logging.info("model %s is mixed precision: converting a float32 copy", model.name)
@@ -125,8 +126,10 @@ def quantization_aware_model(model: keras.Model, *, preserve_sparsity: bool = Fa
                                      if not isinstance(l, keras.layers.InputLayer)]):
             raise TftrainError(f"no layer of model {model.name!r} can be quantization-aware "
                                f"trained (left in float: {', '.join(float_layers)})")
-        scheme = (tfmot.experimental.combine.Default8BitPrunePreserveQuantizeScheme()
-                  if preserve_sparsity else tfmot.quantization.keras.default_8bit.Default8BitQuantizeScheme())
+        if preserve_sparsity:
+            scheme = tfmot.experimental.combine.Default8BitPrunePreserveQuantizeScheme()
+        else:
+            scheme = tfmot.quantization.keras.default_8bit.Default8BitQuantizeScheme()
         try:
             with tfmot.quantization.keras.quantize_scope():
                 qat = tfmot.quantization.keras.quantize_apply(annotated, scheme)
@@ -146,7 +149,7 @@ def quantization_aware_training(model: keras.Model, train_data, *, steps_per_epo
                                 epochs: int = 1, preserve_sparsity: bool = False, loss=None,
                                 learning_rate: float = 1e-3, optimizer_fn=None, strategy=None,
                                 verbose: int = 0) -> tuple[keras.Model, list[str]]:
-    """Fine-tunes a quantization-aware clone of `model` in float32; returns it and its float layers."""
+    """Fine-tunes a quantization-aware float32 clone of `model`; returns it and its float layers."""
     loss = loss or finetune_lib.training_loss(model)
     qat, float_layers = quantization_aware_model(model, preserve_sparsity=preserve_sparsity,
                                                  strategy=strategy)
@@ -154,7 +157,7 @@ def quantization_aware_training(model: keras.Model, train_data, *, steps_per_epo
     if optimizer_fn:
         with finetune_lib.strategy_scope(strategy):
             optimizer = optimizer_fn()
-    finetune_lib.finetune(qat, train_data, epochs=epochs, steps_per_epoch=steps_per_epoch, loss=loss,
-                          learning_rate=learning_rate, optimizer=optimizer, strategy=strategy,
-                          verbose=verbose)
+    finetune_lib.finetune(qat, train_data, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                          loss=loss, learning_rate=learning_rate, optimizer=optimizer,
+                          strategy=strategy, verbose=verbose)
     return qat, float_layers

@@ -29,7 +29,7 @@ def quantized_report_path(run_dir: str, mode: str, source: str = "export") -> st
 
 
 def write_quantized_report(run_dir: str, report: dict) -> str:
-    """Writes `report` as its own file and as the latest `quantized/report.json`; returns its path."""
+    """Writes `report` to its own file and to `quantized/report.json`; returns the first path."""
     tf.io.gfile.makedirs(join(run_dir, QUANTIZED))
     path = quantized_report_path(run_dir, report["mode"], report["source"])
     write_json(path, report)

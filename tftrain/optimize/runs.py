@@ -183,8 +183,8 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
     logging.info("pruned model and report in %s", out)
     if summary["problems"]:
         raise TftrainError(f"pruning missed its target ({'; '.join(summary['problems'])}); the "
-                           f"report is in {out}/{report.REPORT}. Fine-tune longer (--epochs) or check the layers "
-                           "named.")
+                           f"report is in {out}/{report.REPORT}. Fine-tune longer (--epochs) or "
+                           "check the layers named.")
     return summary
 
 

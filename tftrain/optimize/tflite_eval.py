@@ -20,7 +20,7 @@ def interpreter_class():
     """LiteRT's Interpreter, or `tf.lite.Interpreter` when `ai-edge-litert` is missing."""
     try:
         from ai_edge_litert.interpreter import Interpreter
-    except ImportError:  # pragma: no cover - LiteRT is a dependency; the fallback is for old installs
+    except ImportError:  # pragma: no cover - LiteRT is a dependency; this is for old installs
         return tf.lite.Interpreter
     return Interpreter
 
@@ -41,7 +41,8 @@ class TfliteModel:
             self.interpreter = interpreter_class()(model_content=bytes(content),
                                                    num_threads=num_threads)
         except (ValueError, RuntimeError) as e:
-            raise TftrainError(f"cannot load the TFLite model{'' if isinstance(model, bytes) else ' ' + model}: {e}") from e
+            where = "" if isinstance(model, (bytes, bytearray)) else f" {model}"
+            raise TftrainError(f"cannot load the TFLite model{where}: {e}") from e
         self._inputs = self._input_details()
         for detail in self._inputs.values():
             shape = list(detail["shape_signature"])
@@ -91,7 +92,7 @@ class TfliteModel:
         return output
 
     def run(self, example) -> tuple[np.ndarray, float]:
-        """Runs one example (arrays with a leading batch dimension of 1); returns (output, seconds)."""
+        """Runs one example (arrays with a leading batch dimension of 1); returns (output, s)."""
         self._set_inputs(example)
         start = time.perf_counter()
         self.interpreter.invoke()
@@ -164,7 +165,7 @@ def evaluate_tflite(path: bytes | str, dataset, *, max_examples: int | None = No
 
 def compare_latencies(models: dict, dataset, *, rounds: int = 5, examples: int = 256,
                       num_threads: int = 1) -> dict[str, float]:
-    """Mean `invoke` milliseconds per example of each model (name -> bytes or path), compared fairly.
+    """Mean `invoke` milliseconds per example of each model (name -> bytes or path), fairly.
 
     All models run the same first `examples` examples, in interleaved rounds (model A, B, ...,
     then again), so a burst of load from other processes hits them alike; each keeps its
