@@ -159,3 +159,27 @@ def test_bad_inputs_are_one_clear_error_each(run, tmp_path, capsys):
     assert run_cli("quantize", f"--model_dir={keras3_run}", "--mode=dynamic") == 1
     err = capsys.readouterr().err
     assert "no Keras metadata" in err and "Keras 3" in err and len(err.strip().splitlines()) == 1
+
+
+def test_demo_table_from_reports(tmp_path):
+    from tftrain.optimize import report
+
+    assert "no prune or quantize reports" in report.demo_table(str(tmp_path))
+    (tmp_path / "pruned").mkdir()
+    measured = {"accuracy": 0.9, "tflite_bytes": 4000, "gzip_bytes": 1000, "latency_ms": 2.0}
+    (tmp_path / "pruned/report.json").write_text(json.dumps({
+        "sparsity": 0.8, "sparsity_m_by_n": None,
+        "float_tflite": {**measured, "accuracy": 0.92, "gzip_bytes": 3600},
+        "tflite": measured}))
+    table = report.demo_table(str(tmp_path))
+    assert "| float | 0.9200 |" in table
+    assert ("| pruned | 0.9000 (-2.0 pt) | 3.9 (1.00x) | 1.0 (0.28x) | 2.0000 (1.00x) "
+            "| 80% sparse |") in table
+    report.write_quantized_report(str(tmp_path), {
+        "mode": "int8", "source": "export", "accuracy": 0.91, "tflite_bytes": 1000,
+        "gzip_bytes": 900, "latency_ms": 0.5, "float_accuracy": 0.92, "float_tflite_bytes": 4000,
+        "float_gzip_bytes": 3600, "float_latency_ms": 2.0, "passed": False})
+    rows = report.demo_table(str(tmp_path)).splitlines()
+    assert [row.split("|")[1].strip() for row in rows[2:]] == ["float", "pruned", "int8"]
+    assert "0.25x" in rows[-1] and "FAILED accuracy gate" in rows[-1]
+    assert json.loads((tmp_path / "quantized/report.json").read_text())["mode"] == "int8"
