@@ -57,6 +57,14 @@ def test_tpu_address_that_never_answers_is_bounded(tmp_path):
     assert "did not answer within runtime.tpu_timeout=3s" in _one_clear_error(output)
 
 
+def test_the_tpu_example_config_is_ready_for_a_tpu():
+    config = config_lib.build_config("digits_tpu")
+    assert config.runtime.strategy == "tpu" and config.runtime.tpu == "local"
+    assert config.data.dir.startswith("gs://")
+    spec = (tf.TensorSpec([16, 8, 8, 1]), tf.TensorSpec([16], tf.int32))  # digits, per core of 8
+    assert tpu.check_static(spec, config, replicas=8) == []  # bf16, steps_per_execution: no advice
+
+
 def test_tpu_needs_a_tpu_address():
     with pytest.raises(ConfigError, match="runtime.strategy=tpu needs runtime.tpu"):
         config_lib.build_config("digits", {"runtime.strategy": "tpu"})
