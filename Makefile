@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/tftrain train --config=digits --model_dir=runs/demo --overwrite
+	$(BIN)/tftrain prune --model_dir=runs/demo
+	$(BIN)/tftrain quantize --model_dir=runs/demo --mode=int8,float16
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

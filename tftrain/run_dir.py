@@ -3,6 +3,7 @@
     params.yaml    the resolved config          summary.json   results of the finished run
     checkpoints/   best weights by a metric     backup/        state for automatic resume
     logs/train, logs/validation  TensorBoard    export/        the SavedModel
+    pruned/, quantized/  written by `tftrain prune` and `tftrain quantize`
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ CHECKPOINTS = "checkpoints"
 BACKUP = "backup"
 LOGS = "logs"
 EXPORT = "export"
+PRUNED = "pruned"
+QUANTIZED = "quantized"
 
 
 def new_run_dir(config_name: str, root: str = "runs") -> str:
@@ -45,7 +48,7 @@ def prepare(model_dir: str, overwrite: bool, params_yaml: str | None = None) -> 
             raise TftrainError(
                 f"{model_dir} holds a finished run ({SUMMARY} exists); nothing to do. Pass "
                 "--overwrite to train it again from scratch, or choose another --model_dir")
-        for name in (SUMMARY, CHECKPOINTS, BACKUP, LOGS, EXPORT, PARAMS):
+        for name in (SUMMARY, CHECKPOINTS, BACKUP, LOGS, EXPORT, PRUNED, QUANTIZED, PARAMS):
             remove(join(model_dir, name))
     elif params_yaml is not None and all(tf.io.gfile.exists(join(model_dir, name)) for name in (BACKUP, PARAMS)):
         with tf.io.gfile.GFile(join(model_dir, PARAMS)) as f:

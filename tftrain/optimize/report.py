@@ -12,9 +12,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from tftrain.fileio import join, read_json, write_json
-
-PRUNED = "pruned"
-QUANTIZED = "quantized"
+from tftrain.run_dir import PRUNED, QUANTIZED
 REPORT = "report.json"
 
 
