@@ -5,6 +5,8 @@ Call `create_strategy` before any other TensorFlow op: virtual CPU devices, coll
 """
 from __future__ import annotations
 
+import os
+
 import tensorflow as tf
 from absl import logging
 
@@ -97,6 +99,10 @@ def _multi_worker_mirrored(runtime):
             '"index": 0}}) or --worker_hosts=host:port,host:port --task_index=i; '
             "`tftrain launch --num_workers=N -- train ...` sets it for local runs")
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    if len(os.sched_getaffinity(0)) < 2 and not tf.config.threading.get_inter_op_parallelism_threads():
+        # On one core TensorFlow would size its inter-op pool to 1 thread: the collectives' network
+        # callbacks then wait behind every compute op (measured: 2.5x slower steps).
+        tf.config.threading.set_inter_op_parallelism_threads(2)
     # One all-reduce for all gradients (packed up to 32 MiB) rather than one per variable: on CPU
     # workers over TCP the per-collective latency, not the bytes, dominates a small model's step.
     options = tf.distribute.experimental.CommunicationOptions(
