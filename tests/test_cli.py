@@ -63,3 +63,11 @@ def test_in_process_cli_resets_flags_between_runs(cli, digits_dir, tmp_path, cap
     assert f"train: {manifest['splits']['train']['num_examples']} examples" in out
     assert cli("inspect", f"--data={tmp_path}") == 1  # not a dataset: no dataset.json
     assert "dataset.json is missing" in capsys.readouterr().err
+
+
+def test_every_command_module_loads_beside_the_others():
+    # Tests run several commands in one process: their flags must not collide.
+    probe = ("import importlib; from tftrain.cli import COMMANDS\n"
+             "for name in COMMANDS:\n    importlib.import_module(f'tftrain.cli.{name}')\nprint('ok')")
+    result = subprocess.run([PYTHON, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "ok", result.stderr[-2000:]

@@ -10,6 +10,9 @@ from absl import flags
 FLAGS = flags.FLAGS
 
 _DEFINITIONS = {
+    "output": lambda: flags.DEFINE_string(
+        "output", None, "Where the command writes its result: convert, the dataset directory; "
+        "evaluate, the metrics JSON. gs:// works."),
     "config": lambda: flags.DEFINE_string(
         "config", "digits", "Experiment config: a YAML path or the name of a shipped config "
         "(configs/NAME.yaml)."),

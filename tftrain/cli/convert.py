@@ -21,11 +21,10 @@ from absl import flags
 from tftrain.cli.common import require, use_flags
 
 FLAGS = flags.FLAGS
-use_flags(__name__, "overwrite")
+use_flags(__name__, "overwrite", "output")
 flags.DEFINE_string("pipeline", None, "Dataset kind: digits, image_folder, csv, numpy, tfds, jsonl, "
                     "or an importable module of your own (my_pkg.my_data).")
 flags.DEFINE_string("input", "", "Raw input: a directory, file or TFDS name, as the pipeline expects.")
-flags.DEFINE_string("output", None, "Output dataset directory (gs:// works).")
 flags.DEFINE_string("splits", None, "Split fractions, e.g. train:0.8,validation:0.1,test:0.1, "
                     "assigned from a hash of each row's key; default: the source's own splits.")
 flags.DEFINE_string("pipeline_options", "", "Pipeline options as key=value,key=value (a value may "

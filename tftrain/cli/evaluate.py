@@ -8,10 +8,9 @@ from absl import flags
 from tftrain.cli.common import require, use_flags
 
 FLAGS = flags.FLAGS
-use_flags(__name__, "data", "split")
+use_flags(__name__, "data", "split", "output")
 flags.DEFINE_string("model", None, "SavedModel directory (e.g. RUN/export) or a .tflite file.")
 flags.DEFINE_integer("batch_size", 256, "Evaluation batch size.")
-flags.DEFINE_string("output", None, "Where to write the metrics JSON.")
 
 
 def main(argv):
