@@ -108,9 +108,10 @@ class Pipeline(BasePipeline):
     def _read_bytes(path: str) -> bytes:
         import tensorflow as tf
 
+        from tftrain.fileio import read_bytes
+
         try:
-            with tf.io.gfile.GFile(path, "rb") as f:
-                return f.read()
+            return read_bytes(path)
         except (OSError, tf.errors.OpError) as e:
             raise BadRow(f"cannot read {path}: {e}") from None
 

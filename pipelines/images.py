@@ -7,6 +7,8 @@ Detection) reads, so the shards interoperate.
 from __future__ import annotations
 
 import io
+import struct
+import zlib
 
 # A "default" marks a key that other TF tooling does not always write: a foreign TFRecord
 # without it still parses (see `tftrain.data.reader.parse_spec`).
@@ -109,6 +111,40 @@ def _jpeg_check(data: bytes) -> None:
         raise BadRow(f"truncated JPEG: no end-of-image marker after the image data ({len(data)} bytes)")
 
 
+def _png_check(data: bytes) -> tuple[int, int]:
+    """Walks a PNG's chunks up to IEND, checking each CRC; returns (height, width) from IHDR.
+
+    The same checks as PIL's `verify()`, without building an image object (which costs more than
+    the check itself for small images).
+    """
+    from tftrain.errors import BadRow
+
+    view, pos, size, chunk_types = memoryview(data), 8, None, []
+    while True:
+        if pos + 12 > len(data):
+            raise BadRow(f"truncated or corrupt PNG: it ends at byte {len(data)} before its IEND chunk")
+        length, chunk_type = struct.unpack_from(">I4s", data, pos)
+        end = pos + 12 + length
+        if end > len(data):
+            raise BadRow(f"truncated or corrupt PNG: its {chunk_type!r} chunk at byte {pos} needs "
+                         f"{end} bytes, the file has {len(data)}")
+        (crc,) = struct.unpack_from(">I", data, end - 4)
+        if zlib.crc32(view[pos + 4:end - 4]) != crc:
+            raise BadRow(f"corrupt PNG: CRC mismatch in its {chunk_type!r} chunk at byte {pos}")
+        if not chunk_types and chunk_type != b"IHDR":
+            raise BadRow("corrupt PNG: the first chunk is not IHDR")
+        if chunk_type == b"IHDR":
+            width, height = struct.unpack_from(">II", data, pos + 8)
+            size = (height, width)
+        chunk_types.append(chunk_type)
+        if chunk_type == b"IEND":
+            break
+        pos = end
+    if b"IDAT" not in chunk_types:
+        raise BadRow("corrupt PNG: no image data (IDAT) chunk")
+    return size
+
+
 def probe_image(data: bytes) -> tuple[str, int, int]:
     """Returns `(format, height, width)` of an encoded JPEG or PNG without decoding its pixels.
 
@@ -133,11 +169,14 @@ def probe_image(data: bytes) -> tuple[str, int, int]:
         except Exception:  # PIL raises several types for unknown content
             raise BadRow(f"not an image: unknown content starting with {data[:8]!r}") from None
         raise BadRow(f"unsupported image format {found} (only JPEG and PNG are kept as they are)")
+    if image_format == "png":
+        height, width = _png_check(data)
+        if width <= 0 or height <= 0:
+            raise BadRow(f"PNG has an empty size {width}x{height}")
+        return image_format, height, width
     try:
         with PIL.Image.open(io.BytesIO(data), formats=[image_format.upper()]) as image:
             width, height = image.size
-            if image_format == "png":
-                image.verify()  # walks every chunk and checks its CRC; does not decompress
     except PIL.UnidentifiedImageError:
         raise BadRow(f"truncated or corrupt {image_format.upper()}: its header cannot be read "
                      f"({len(data)} bytes)") from None

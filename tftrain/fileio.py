@@ -27,6 +27,16 @@ def write_json(path: str, data: dict) -> None:
     write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def read_bytes(path: str) -> bytes:
+    """A whole file's bytes; local paths skip tf.io.gfile's per-call overhead (it is ~4x slower
+    for many small files), other schemes (gs://, ram://) go through it."""
+    if "://" not in path:
+        with open(path, "rb") as f:
+            return f.read()
+    with tf.io.gfile.GFile(path, "rb") as f:
+        return f.read()
+
+
 def read_json(path: str) -> dict:
     """Reads a JSON file."""
     with tf.io.gfile.GFile(path) as f:
