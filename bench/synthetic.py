@@ -6,12 +6,10 @@ sizes). Pipeline name: `bench.synthetic`; `source` is the number of images.
 """
 from __future__ import annotations
 
-import io
-
 import numpy as np
 
 from pipelines.base import BasePipeline, Row
-from pipelines.images import IMAGE_FEATURES, decode_image_batch, image_example
+from pipelines.images import IMAGE_FEATURES, decode_image_batch, png_example
 
 SIZE = 32
 
@@ -48,8 +46,6 @@ class Pipeline(BasePipeline):
         return dict(IMAGE_FEATURES)
 
     def encode(self, row, info):
-        from PIL import Image
-
         rng = np.random.default_rng(row.value)
         label = row.value % 10
         angle = label * np.pi / 5
@@ -58,10 +54,7 @@ class Pipeline(BasePipeline):
         colour = rng.uniform(0.3, 1.0, size=3)
         pixels = ramp[..., None] * colour * 200 + rng.normal(0, 12, (SIZE, SIZE, 3))
         image = np.clip(pixels, 0, 255).astype(np.uint8)
-        buffer = io.BytesIO()
-        Image.fromarray(image, mode="RGB").save(buffer, format="PNG")
-        return image_example(encoded=buffer.getvalue(), image_format="png", height=SIZE, width=SIZE,
-                             label=label, text=str(label), filename=row.key)
+        return png_example(image, label=label, text=str(label), filename=row.key)
 
     def decode(self, features, info):
         return decode_image_batch(features, SIZE, SIZE, channels=3)

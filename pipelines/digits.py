@@ -6,12 +6,10 @@ own; the converter assigns train/validation/test from each row's key.
 """
 from __future__ import annotations
 
-import io
-
 import numpy as np
 
 from pipelines.base import BasePipeline, Row
-from pipelines.images import IMAGE_FEATURES, decode_image_batch, image_example
+from pipelines.images import IMAGE_FEATURES, decode_image_batch, png_example
 
 SIZE = 8
 
@@ -38,15 +36,10 @@ class Pipeline(BasePipeline):
         return dict(IMAGE_FEATURES)
 
     def encode(self, row, info):
-        from PIL import Image
-
         pixels, label = row.value
         # sklearn's pixels are 0..16; stretch them to the full 8-bit range.
         image = np.clip(np.rint(pixels * (255.0 / 16.0)), 0, 255).astype(np.uint8)
-        buffer = io.BytesIO()
-        Image.fromarray(image, mode="L").save(buffer, format="PNG")
-        return image_example(encoded=buffer.getvalue(), image_format="png", height=SIZE, width=SIZE,
-                             label=label, text=str(label), filename=row.key)
+        return png_example(image, label=label, text=str(label), filename=row.key)
 
     def decode(self, features, info):
         return decode_image_batch(features, SIZE, SIZE, channels=1)

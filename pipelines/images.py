@@ -45,6 +45,16 @@ def image_example(*, encoded: bytes, image_format: str, height: int, width: int,
     }))
 
 
+def png_example(pixels, *, label: int, text: str, filename: str):
+    """A standard-keys `tf.train.Example` holding `pixels` (uint8, HxW or HxWxC) as a PNG."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return image_example(encoded=buffer.getvalue(), image_format="png", height=pixels.shape[0],
+                         width=pixels.shape[1], label=label, text=text, filename=filename)
+
+
 def decode_image_batch(features: dict, height: int, width: int, channels: int):
     """Decodes a batch of encoded images to float32 in [0, 1], resized to height x width.
 
