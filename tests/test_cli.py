@@ -46,6 +46,8 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path):
         (("train", "--params_override=model.name=vgg"), "unknown model 'vgg'"),
         (("train", "--params_override=data.batch_size=x"), "must be of type int"),
         (("evaluate", "--data=/nonexistent"), "missing required flag(s): --model"),
+        (("inspect", "--data=x", "stray"), "unexpected arguments ['stray']: every option is a --flag"),
+        (("train", "epochs=3"), "unexpected arguments ['epochs=3']"),
     ]
     for args, message in cases:
         result = run_subprocess(*args)

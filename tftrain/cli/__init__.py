@@ -14,7 +14,7 @@ import sys
 
 from absl import app, flags, logging
 
-from tftrain.errors import TftrainError
+from tftrain.errors import ConfigError, TftrainError
 
 COMMANDS = {
     "convert": "Convert a raw dataset (images, CSV, NumPy, TFDS, JSONL) into sharded TFRecords.",
@@ -72,7 +72,7 @@ def run(argv: list[str] | None = None) -> None:
     if any(arg in HELP_ARGS for arg in before_separator):
         print(command_help(name, module))
         sys.exit(0)
-    app.run(_guarded(name, module.main), argv=[f"{PROG} {name}"] + args[1:],
+    app.run(_guarded(name, module), argv=[f"{PROG} {name}"] + args[1:],
             flags_parser=lambda command_argv: _parse_flags(name, command_argv))
 
 
@@ -84,8 +84,12 @@ def _parse_flags(name: str, argv: list[str]) -> list[str]:
         fail(f"{e}. `{PROG} {name} --help` lists the flags.")
 
 
-def _guarded(name: str, main):
-    """Runs a command's main; a TftrainError becomes one line on stderr and its exit code."""
+def _guarded(name: str, module):
+    """Runs a command's main; a TftrainError becomes one line on stderr and its exit code.
+
+    Positional arguments are refused here, once for every command, unless the command module
+    sets `ACCEPTS_ARGUMENTS = True` (`launch -- train ...`).
+    """
 
     def guarded_main(argv):
         if not flags.FLAGS["verbosity"].present:
@@ -93,7 +97,9 @@ def _guarded(name: str, main):
             # TensorFlow's own Python INFO lines (saver internals) would drown tftrain's.
             std_logging.getLogger("tensorflow").setLevel(std_logging.WARNING)
         try:
-            return main(argv)
+            if len(argv) > 1 and not getattr(module, "ACCEPTS_ARGUMENTS", False):
+                raise ConfigError(f"unexpected arguments {argv[1:]}: every option is a --flag")
+            return module.main(argv)
         except TftrainError as e:
             print(f"{PROG} {name}: error: {e}", file=sys.stderr)
             return e.exit_code

@@ -24,8 +24,6 @@ flags.DEFINE_string("work_dir", None, "Dispatcher journal directory (gs:// works
 def main(argv):
     from tftrain.errors import ConfigError
 
-    if len(argv) > 1:
-        raise ConfigError(f"unexpected arguments {argv[1:]}: every option is a --flag")
     if not (FLAGS.dispatcher or FLAGS.worker):
         raise ConfigError("say what to start: --dispatcher, --worker, or both")
     if FLAGS.worker and not FLAGS.dispatcher and not FLAGS.dispatcher_address:

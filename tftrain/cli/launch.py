@@ -11,6 +11,7 @@ Example: tftrain launch --num_workers=2 --timeout=900 -- train --config=digits -
 from absl import flags
 
 FLAGS = flags.FLAGS
+ACCEPTS_ARGUMENTS = True  # the command to launch, after `--`
 flags.DEFINE_integer("num_workers", 2, "How many worker processes to start.", lower_bound=1)
 flags.DEFINE_float("timeout", None, "Stop everything and exit 124 after this many seconds "
                    "(default: no limit; a dead worker still ends the launch at once).")

@@ -23,10 +23,7 @@ flags.DEFINE_float("learning_rate", None, "Fine-tuning learning rate, constant (
 
 
 def main(argv):
-    from tftrain.errors import ConfigError
 
-    if len(argv) > 1:
-        raise ConfigError(f"unexpected arguments {argv[1:]}: every option is a --flag")
     require("model_dir")
     from tftrain.optimize import prune, runs  # starts TensorFlow: only after the flags are valid
 

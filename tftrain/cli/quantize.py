@@ -30,10 +30,8 @@ flags.DEFINE_integer("tflite_threads", 1, "Interpreter threads for evaluation an
 
 
 def main(argv):
-    from tftrain.errors import ConfigError, TftrainError
+    from tftrain.errors import TftrainError
 
-    if len(argv) > 1:
-        raise ConfigError(f"unexpected arguments {argv[1:]}: every option is a --flag")
     require("model_dir", "mode")
     from tftrain.optimize import quantize, report, runs  # starts TensorFlow
 

@@ -23,8 +23,6 @@ def main(argv):
     from tftrain import config as config_lib
     from tftrain.errors import ConfigError
 
-    if len(argv) > 1:
-        raise ConfigError(f"unexpected arguments {argv[1:]}: every option is a --flag")
     flag_values = {key: value for key, value in (("runtime.strategy", FLAGS.strategy),
                                                   ("runtime.tpu", FLAGS.tpu),
                                                   ("runtime.mesh", FLAGS.mesh))
