@@ -62,7 +62,11 @@ class BasePipeline(abc.ABC):
 
     @abc.abstractmethod
     def encode(self, row: Row, info: dict):
-        """Returns the row as a `tf.train.Example`; raises `tftrain.errors.BadRow(reason)`."""
+        """Returns the row as a `tf.train.Example` or its serialized bytes; raises `BadRow(reason)`.
+
+        Bytes built with `tftrain.data.example_bytes` are ~3x cheaper than protobuf objects,
+        which matters when a conversion handles millions of small rows.
+        """
 
     @abc.abstractmethod
     def decode(self, features: dict, info: dict):

@@ -40,6 +40,7 @@ from pipelines.base import BasePipeline, Row
 from pipelines.lookup import TableCache
 from pipelines.options import check_known, get_bool, get_int, get_str
 from pipelines.sources import list_files, source_splits
+from tftrain.data import example_bytes
 from tftrain.errors import BadRow, ConfigError
 
 OPTIONS = ("label_column", "columns", "delimiter", "allow_nan", "max_categories", "output")
@@ -243,8 +244,6 @@ class Pipeline(BasePipeline):
         return schema
 
     def encode(self, row, info):
-        import tensorflow as tf
-
         header, fields = info["header"], row.value
         if len(fields) != len(header):
             missing = header[len(fields):]
@@ -260,13 +259,12 @@ class Pipeline(BasePipeline):
             text = values[name]
             if kind in ("float", "int"):
                 number = self._number(name, text, kind)
-                feature[name] = (tf.train.Feature(float_list=tf.train.FloatList(value=[number]))
-                                 if kind == "float" else
-                                 tf.train.Feature(int64_list=tf.train.Int64List(value=[int(number)])))
+                feature[name] = (example_bytes.float_feature(number) if kind == "float" else
+                                 example_bytes.int64_feature(int(number)))
             else:
-                feature[name] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode()]))
+                feature[name] = example_bytes.bytes_feature(text)
         feature[info["label"]["name"]] = self._label(values[info["label"]["name"]], info)
-        return tf.train.Example(features=tf.train.Features(feature=feature))
+        return example_bytes.example(feature)
 
     def _number(self, name: str, text: str, kind: str) -> float:
         if text.strip() in _MISSING:
@@ -284,8 +282,6 @@ class Pipeline(BasePipeline):
         return number
 
     def _label(self, text: str, info: dict):
-        import tensorflow as tf
-
         label = info["label"]
         if not text.strip():
             raise BadRow(f"empty label in column {label['name']!r}")
@@ -293,7 +289,7 @@ class Pipeline(BasePipeline):
             value = _number(text)
             if value is None or not math.isfinite(value):
                 raise BadRow(f"label {text!r} in column {label['name']!r} is not a finite number")
-            return tf.train.Feature(float_list=tf.train.FloatList(value=[value]))
+            return example_bytes.float_feature(value)
         if label["type"] == "categorical":
             if text not in label["class_names"]:
                 raise BadRow(f"label {text!r} is not one of the {len(label['class_names'])} classes")
@@ -303,7 +299,7 @@ class Pipeline(BasePipeline):
                 raise BadRow(f"label {text!r} in column {label['name']!r} is not a class id in "
                              f"0..{info['num_classes'] - 1}")
             value = int(float(text))
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
+        return example_bytes.int64_feature(value)
 
     # -- decoding ------------------------------------------------------------------------------
 

@@ -10,6 +10,8 @@ import io
 import struct
 import zlib
 
+from tftrain.data import example_bytes
+
 # A "default" marks a key that other TF tooling does not always write: a foreign TFRecord
 # without it still parses (see `tftrain.data.reader.parse_spec`).
 IMAGE_FEATURES = {
@@ -24,29 +26,21 @@ IMAGE_FEATURES = {
 
 
 def image_example(*, encoded: bytes, image_format: str, height: int, width: int, label: int,
-                  text: str, filename: str):
-    """A `tf.train.Example` with the standard image keys."""
-    import tensorflow as tf
-
-    def _bytes(value: bytes):
-        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-
-    def _int(value: int):
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
-
-    return tf.train.Example(features=tf.train.Features(feature={
-        "image/encoded": _bytes(encoded),
-        "image/format": _bytes(image_format.encode()),
-        "image/height": _int(height),
-        "image/width": _int(width),
-        "image/class/label": _int(label),
-        "image/class/text": _bytes(text.encode()),
-        "image/filename": _bytes(filename.encode()),
-    }))
+                  text: str, filename: str) -> bytes:
+    """A serialized `tf.train.Example` with the standard image keys."""
+    return example_bytes.example({
+        "image/encoded": example_bytes.bytes_feature(encoded),
+        "image/format": example_bytes.bytes_feature(image_format),
+        "image/height": example_bytes.int64_feature(height),
+        "image/width": example_bytes.int64_feature(width),
+        "image/class/label": example_bytes.int64_feature(label),
+        "image/class/text": example_bytes.bytes_feature(text),
+        "image/filename": example_bytes.bytes_feature(filename),
+    })
 
 
-def png_example(pixels, *, label: int, text: str, filename: str):
-    """A standard-keys `tf.train.Example` holding `pixels` (uint8, HxW or HxWxC) as a PNG."""
+def png_example(pixels, *, label: int, text: str, filename: str) -> bytes:
+    """A serialized standard-keys `tf.train.Example` holding `pixels` (uint8, HxW or HxWxC) as a PNG."""
     from PIL import Image
 
     buffer = io.BytesIO()

@@ -33,6 +33,7 @@ from pipelines.base import BasePipeline, Row
 from pipelines.lookup import TableCache
 from pipelines.options import check_known, get_bool, get_int, get_str
 from pipelines.sources import list_files, source_splits
+from tftrain.data import example_bytes
 from tftrain.errors import BadRow, ConfigError
 
 OPTIONS = ("text_key", "label_key", "vocab_size", "max_length", "lowercase")
@@ -134,8 +135,6 @@ class Pipeline(BasePipeline):
         return {"text": {"dtype": "string", "shape": []}, "label": {"dtype": "int64", "shape": []}}
 
     def encode(self, row, info):
-        import tensorflow as tf
-
         text, label = self._parse(row.value)
         names = info.get("class_names")
         if names is not None:
@@ -144,10 +143,8 @@ class Pipeline(BasePipeline):
             label = names.index(label)
         elif not isinstance(label, int) or not 0 <= label < info["num_classes"]:
             raise BadRow(f"label {label!r} is not a class id in 0..{info['num_classes'] - 1}")
-        return tf.train.Example(features=tf.train.Features(feature={
-            "text": tf.train.Feature(bytes_list=tf.train.BytesList(value=[text.encode()])),
-            "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label])),
-        }))
+        return example_bytes.example({"text": example_bytes.bytes_feature(text),
+                                      "label": example_bytes.int64_feature(label)})
 
     def decode(self, features, info):
         import tensorflow as tf

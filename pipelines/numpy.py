@@ -25,6 +25,7 @@ import numpy as np
 from pipelines.base import BasePipeline, Row
 from pipelines.options import check_known, get_bool, get_str
 from pipelines.sources import SPLIT_NAMES
+from tftrain.data import example_bytes
 from tftrain.errors import BadRow, ConfigError
 
 OPTIONS = ("x_key", "y_key", "allow_nan")
@@ -176,8 +177,6 @@ class Pipeline(BasePipeline):
         return {"x": {"dtype": "float32", "shape": info["x_shape"]}, "y": label}
 
     def encode(self, row, info):
-        import tensorflow as tf
-
         x_row, y_row = row.value
         x = np.asarray(x_row, np.float32).ravel()
         if not self.allow_nan and not np.isfinite(x).all():
@@ -187,14 +186,13 @@ class Pipeline(BasePipeline):
             label = int(np.asarray(y_row).ravel()[0])
             if label < 0:
                 raise BadRow(f"label {label} is negative")
-            y = tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))
+            y = example_bytes.int64_feature(label)
         else:
             values = np.asarray(y_row, np.float32).ravel()
             if not np.isfinite(values).all():
                 raise BadRow("y has NaN or infinite values")
-            y = tf.train.Feature(float_list=tf.train.FloatList(value=values))
-        return tf.train.Example(features=tf.train.Features(feature={
-            "x": tf.train.Feature(float_list=tf.train.FloatList(value=x)), "y": y}))
+            y = example_bytes.float_feature(values)
+        return example_bytes.example({"x": example_bytes.float_feature(x), "y": y})
 
     def decode(self, features, info):
         import tensorflow as tf

@@ -20,7 +20,8 @@ import time
 
 from absl import logging
 
-from tftrain.data import shard_plan, shard_worker, writer
+from tftrain.data import example_bytes, shard_plan, shard_worker, writer
+from tftrain.data.record_file import RecordFile
 from tftrain.errors import BadRow, ConfigError, DataError
 from tftrain.fileio import read_json, remove, write_json
 
@@ -49,27 +50,24 @@ class _EncodeFn:  # wrapped in a beam.DoFn subclass at run time (apache_beam is 
             return
         except Exception as e:
             raise shard_worker.RowFailed(row.key, e) from e
-        label = None
-        if self.key:
-            values = example.features.feature[self.key].int64_list.value
-            label = int(values[0]) if len(values) == 1 else None
-        yield (split, self.plan.shard_of(row.key, split, 0)), (example.SerializeToString(deterministic=True), label)
+        label = example_bytes.int64_scalar(example, self.key) if self.key else None
+        yield ((split, self.plan.shard_of(row.key, split, 0)),
+               (example_bytes.serialize(example), label))
 
 
 def _write_shard(item, plan) -> dict:
-    """Writes one shard's records under a temporary name, hashes it and renames it."""
-    import tensorflow as tf
-
+    """Writes one shard's records under a temporary name, hashing them, and renames it."""
     (split, index), records = item
-    counts = {(split, index): 0}
     labels: dict[str, int] = {}
-    with tf.io.TFRecordWriter(plan.tmp_path(plan.file_name(split, index))) as out:
+    out = RecordFile(plan.tmp_path(plan.file_name(split, index)))
+    try:
         for data, label in records:
             out.write(data)
-            counts[(split, index)] += 1
             if label is not None:
                 labels[str(label)] = labels.get(str(label), 0) + 1
-    (entry,) = shard_worker.publish(plan, [(split, index)], counts, lambda: True)
+    finally:
+        out.close()
+    (entry,) = shard_worker.publish(plan, {(split, index): out}, lambda: True)
     entry["labels"] = labels
     return entry
 

@@ -18,6 +18,7 @@ import itertools
 import os
 import posixpath
 
+from tftrain.data import example_bytes
 from tftrain.data import manifest as manifest_lib
 from tftrain.data.splits import assign_shard, assign_split
 from tftrain.data.shard_worker import RowFailed
@@ -27,7 +28,7 @@ MB = 1 << 20
 DEFAULT_SHARD_MB = 150
 SAMPLE_ROWS = 4096      # rows read (not encoded) to see whether the source is small
 SAMPLE_ENCODE = 64      # rows encoded to measure the size of an example
-MAX_STAT_FILES = 10_000  # remote sources: stat this many files, extrapolate the rest
+STAT_FILES = 2_000  # sizing a source folder: stat this many files, extrapolate the rest
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +105,7 @@ def take_sample(pipeline, source: str, info: dict, split_of) -> Sample:
                 try:
                     if isinstance(row.value, BadRow):
                         raise row.value
-                    sample.encoded_bytes += len(pipeline.encode(row, info).SerializeToString(deterministic=True))
+                    sample.encoded_bytes += len(example_bytes.serialize(pipeline.encode(row, info)))
                     sample.encoded_rows += 1
                 except BadRow as e:
                     sample.bad_reasons.append(f"{row.key}: {e}")
@@ -123,8 +124,7 @@ def source_bytes(source: str) -> dict | None:
     """The input's size in bytes per source split (None: whole input), or None if not a path.
 
     A directory whose top-level entries are all named after splits (`train/`, `test.csv`) is
-    measured per split. Local paths are walked; remote ones are stat'ed up to MAX_STAT_FILES
-    files and extrapolated.
+    measured per split (see `_tree_bytes`).
     """
     import tensorflow as tf
 
@@ -153,18 +153,18 @@ def source_bytes(source: str) -> dict | None:
 
 
 def _tree_bytes(path: str) -> int:
+    """The size of a file, or of the files under a directory: stat'ing at most STAT_FILES of
+    them, spread evenly over the listing, and extrapolating (the shard count needs no more)."""
     import tensorflow as tf
 
-    if "://" not in path:
-        if os.path.isfile(path):
-            return os.path.getsize(path)
-        return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path)
-                   for f in files if not f.startswith("."))
-    if not tf.io.gfile.isdir(path):
-        return tf.io.gfile.stat(path).length
-    files = [posixpath.join(d, f) for d, _, names in tf.io.gfile.walk(path) for f in names]
-    measured = [tf.io.gfile.stat(f).length for f in files[:MAX_STAT_FILES]]
-    return int(sum(measured) / max(len(measured), 1) * len(files))
+    local = "://" not in path
+    if not (os.path.isdir(path) if local else tf.io.gfile.isdir(path)):
+        return os.path.getsize(path) if local else tf.io.gfile.stat(path).length
+    walk = os.walk(path) if local else tf.io.gfile.walk(path)
+    files = [posixpath.join(d, f) for d, _, names in walk for f in names if not f.startswith(".")]
+    measured = files[::-(-len(files) // STAT_FILES)] if files else []
+    size = os.path.getsize if local else (lambda f: tf.io.gfile.stat(f).length)
+    return round(sum(map(size, measured)) / max(len(measured), 1) * len(files))
 
 
 def shards_for(nbytes: float, target_mb: float, workers: int) -> int:

@@ -16,6 +16,8 @@ import sys
 import time
 import traceback
 
+from tftrain.data import example_bytes
+from tftrain.data.record_file import RecordFile
 from tftrain.errors import BadRow, DataError
 
 REPORT_EVERY_S = 0.5
@@ -59,8 +61,7 @@ def run(pipeline, source: str, info: dict, plan, worker: int, *, report=None,
     import tensorflow as tf
 
     key = label_key(pipeline.features(info), info)
-    writers: dict[tuple[str, int], tf.io.TFRecordWriter] = {}
-    counts: collections.Counter = collections.Counter()
+    writers: dict[tuple[str, int], RecordFile] = {}
     labels: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
     bad_counts: collections.Counter = collections.Counter()
     bad_file = tf.io.gfile.GFile(bad_rows_tmp(plan, worker), "w")
@@ -83,7 +84,7 @@ def run(pipeline, source: str, info: dict, plan, worker: int, *, report=None,
                 if isinstance(row.value, BadRow):
                     raise row.value
                 example = pipeline.encode(row, info)
-                data = example.SerializeToString(deterministic=True)
+                data = example_bytes.serialize(example)
             except BadRow as e:
                 bad_file.write(json.dumps({"key": row.key, "split": split, "reason": str(e)}) + "\n")
                 bad_counts[split] += 1
@@ -94,14 +95,12 @@ def run(pipeline, source: str, info: dict, plan, worker: int, *, report=None,
             shard = (split, plan.shard_of(row.key, split, worker))
             writer = writers.get(shard)
             if writer is None:
-                writer = writers[shard] = tf.io.TFRecordWriter(
-                    plan.tmp_path(plan.file_name(*shard)))
+                writer = writers[shard] = RecordFile(plan.tmp_path(plan.file_name(*shard)))
             writer.write(data)
-            counts[shard] += 1
             if key is not None and len(labels[split]) <= MAX_LABELS:
-                values = example.features.feature[key].int64_list.value
-                if len(values) == 1:
-                    labels[split][int(values[0])] += 1
+                label = example_bytes.int64_scalar(example, key)
+                if label is not None:
+                    labels[split][label] += 1
             pending[0] += 1
             pending[1] += len(data)
             if report and time.monotonic() - last_report >= REPORT_EVERY_S:
@@ -119,30 +118,31 @@ def run(pipeline, source: str, info: dict, plan, worker: int, *, report=None,
     for split in {s for s, _ in writers} | set(bad_counts):
         for index in plan.owned(split, worker):
             if (split, index) not in writers:
-                tf.io.TFRecordWriter(plan.tmp_path(plan.file_name(split, index))).close()
-                writers[(split, index)] = None
-    return {"worker": worker, "shards": publish(plan, sorted(writers), counts, alive),
+                writers[(split, index)] = RecordFile(plan.tmp_path(plan.file_name(split, index)))
+    return {"worker": worker, "shards": publish(plan, writers, alive),
             "bad_rows": dict(bad_counts),
             "labels": {s: {str(k): n for k, n in c.items()} for s, c in labels.items()
                        if len(c) <= MAX_LABELS}}
 
 
-def publish(plan, shards, counts, alive) -> list[dict]:
-    """Hashes each finished shard and renames it to its final name; returns manifest entries."""
+def publish(plan, shards: dict, alive) -> list[dict]:
+    """Closes each shard ((split, index) -> RecordFile) and renames it to its final name.
+
+    Returns the manifest entries (count, bytes and sha256 come from writing, not re-reading).
+    """
     import tensorflow as tf
 
-    from tftrain.fileio import file_sha256, join
+    from tftrain.fileio import join
 
     entries = []
-    for split, index in shards:
+    for (split, index), shard in sorted(shards.items()):
         name = plan.file_name(split, index)
-        tmp = plan.tmp_path(name)
-        entry = {"split": split, "index": index, "file": name,
-                 "num_examples": counts[(split, index)], "bytes": tf.io.gfile.stat(tmp).length,
-                 "sha256": file_sha256(tmp)}
+        nbytes, sha256 = shard.close()
+        entry = {"split": split, "index": index, "file": name, "num_examples": shard.records,
+                 "bytes": nbytes, "sha256": sha256}
         if not alive():
             raise DataError("the converting process is gone; not publishing shards.")
-        tf.io.gfile.rename(tmp, join(plan.output_dir, name), overwrite=True)
+        tf.io.gfile.rename(plan.tmp_path(name), join(plan.output_dir, name), overwrite=True)
         entries.append(entry)
     return entries
 

@@ -24,6 +24,7 @@ from pipelines import BasePipeline
 from tftrain.data import manifest as manifest_lib
 from tftrain.data import processes, shard_plan, shard_worker
 from tftrain.data.progress import Progress
+from tftrain.data.record_file import RecordFile
 from tftrain.errors import ConfigError, DataError, TftrainError
 from tftrain.fileio import join
 
@@ -298,13 +299,8 @@ def finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction) ->
 
 
 def _empty_shard(plan, split: str, index: int) -> dict:
-    from tftrain.fileio import file_sha256
-
-    name = plan.file_name(split, index)
-    tmp = plan.tmp_path(name)
-    tf.io.TFRecordWriter(tmp).close()
-    entry = {"file": name, "num_examples": 0, "bytes": 0, "sha256": file_sha256(tmp)}
-    tf.io.gfile.rename(tmp, join(plan.output_dir, name), overwrite=True)
+    (entry,) = shard_worker.publish(plan, {(split, index): RecordFile(plan.tmp_path(
+        plan.file_name(split, index)))}, lambda: True)
     return entry
 
 

@@ -1,0 +1,74 @@
+"""example_bytes writes the tf.train.Example wire format itself: it must parse to what protobuf builds."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tftrain.data import example_bytes as eb
+
+F = tf.train.Feature
+
+
+def proto(features: dict) -> tf.train.Example:
+    return tf.train.Example(features=tf.train.Features(feature=features))
+
+
+CASES = {
+    "scalars": (
+        {"a": eb.bytes_feature(b"xyz"), "b": eb.int64_feature(5), "c": eb.float_feature(1.5),
+         "s": eb.bytes_feature("héllo")},
+        {"a": F(bytes_list=tf.train.BytesList(value=[b"xyz"])),
+         "b": F(int64_list=tf.train.Int64List(value=[5])),
+         "c": F(float_list=tf.train.FloatList(value=[1.5])),
+         "s": F(bytes_list=tf.train.BytesList(value=["héllo".encode()]))}),
+    "edge values and empty lists": (
+        {"": eb.bytes_feature([]), "neg": eb.int64_feature([-1, 2**63 - 1, -2**63, 0, 300]),
+         "f": eb.float_feature(np.array([np.inf, -0.0, 1e30, 3.25], np.float32)),
+         "e": eb.float_feature([]), "i": eb.int64_feature(np.array([], np.int64)),
+         "npint": eb.int64_feature(np.int64(-5)), "npfloat": eb.float_feature(np.float32(0.1))},
+        {"": F(bytes_list=tf.train.BytesList(value=[])),
+         "neg": F(int64_list=tf.train.Int64List(value=[-1, 2**63 - 1, -2**63, 0, 300])),
+         "f": F(float_list=tf.train.FloatList(value=[np.inf, -0.0, 1e30, 3.25])),
+         "e": F(float_list=tf.train.FloatList(value=[])),
+         "i": F(int64_list=tf.train.Int64List(value=[])),
+         "npint": F(int64_list=tf.train.Int64List(value=[-5])),
+         "npfloat": F(float_list=tf.train.FloatList(value=[np.float32(0.1)]))}),
+    "long values": (
+        {"é/key": eb.bytes_feature(["ü", b"", b"x" * 300, bytearray(b"ab")]),
+         "Z": eb.int64_feature(np.arange(-100, 200).reshape(3, 100)),
+         "big": eb.bytes_feature(bytes(range(256)) * 1000)},
+        {"é/key": F(bytes_list=tf.train.BytesList(value=["ü".encode(), b"", b"x" * 300, b"ab"])),
+         "Z": F(int64_list=tf.train.Int64List(value=list(range(-100, 200)))),
+         "big": F(bytes_list=tf.train.BytesList(value=[bytes(range(256)) * 1000]))}),
+    "no features": ({}, {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_parses_to_the_protobuf_built_example(name):
+    ours, reference = CASES[name]
+    data = eb.example(ours)
+    assert tf.train.Example.FromString(data) == proto(reference)
+    assert eb.example(dict(reversed(list(ours.items())))) == data  # order-independent bytes
+
+
+def test_tensorflow_parses_it():
+    data = eb.example({"x": eb.float_feature(np.arange(4, dtype=np.float32)), "y": eb.int64_feature(7),
+                       "t": eb.bytes_feature("tag")})
+    parsed = tf.io.parse_single_example(data, {
+        "x": tf.io.FixedLenFeature([4], tf.float32), "y": tf.io.FixedLenFeature([], tf.int64),
+        "t": tf.io.FixedLenFeature([], tf.string)})
+    np.testing.assert_array_equal(parsed["x"].numpy(), [0, 1, 2, 3])
+    assert parsed["y"].numpy() == 7 and parsed["t"].numpy() == b"tag"
+
+
+def test_serialize_and_int64_scalar_accept_bytes_and_protos():
+    data = eb.example({"label": eb.int64_feature(-3), "many": eb.int64_feature([1, 2]),
+                       "f": eb.float_feature(1.0)})
+    message = tf.train.Example.FromString(data)
+    assert eb.serialize(data) is data
+    assert tf.train.Example.FromString(eb.serialize(message)) == message
+    for encoded in (data, message):
+        assert eb.int64_scalar(encoded, "label") == -3
+        assert eb.int64_scalar(encoded, "many") is None
+        assert eb.int64_scalar(encoded, "f") is None
+        assert eb.int64_scalar(encoded, "missing") is None
