@@ -13,9 +13,9 @@ conversion only; tftrain's forkserver is warmed up the way `tftrain convert` sta
                 multiprocessing.Pool(2).starmap builds every example in memory, then the parent
                 writes them round-robin into shards opened in place under their final names
   tftrain_w1/2  `tftrain.data.writer.write_dataset` with 1 and 2 worker processes, 4 shards
-Each method runs --repeats times, the methods interleaved, after `sync` (so no run pays for
-writing back the previous run's output); the table shows each method's fastest run and its
-highest memory peak.
+Each method runs once with memory sampling, then --repeats times for speed, the methods
+interleaved, each run after `sync` (so no run pays for writing back the previous run's output);
+the table shows each method's fastest run.
 Memory: the peak of the summed anonymous PSS (the memory a process really holds: not the page
 cache of mapped files or libraries) of the process and all its descendants, sampled every 20 ms.
 Prints one table with the ratios and the load average (the machine may be shared).
@@ -242,8 +242,12 @@ def _memory(pid: int) -> int:
         return 0
 
 
-def measure(method: str, kind: str, src: str, out: str) -> dict:
-    """Runs `child` in a new process; returns its result plus the peak memory of its tree."""
+def measure(method: str, kind: str, src: str, out: str, memory: bool) -> dict:
+    """Runs `child` in a new process; returns its result plus (`memory`) the peak memory of its tree.
+
+    Sampling memory reads /proc of every process of the tree every 20 ms, which takes CPU from
+    the run (more so for more processes), so speed is measured in runs without it.
+    """
     import shutil
 
     shutil.rmtree(out, ignore_errors=True)
@@ -261,14 +265,16 @@ def measure(method: str, kind: str, src: str, out: str) -> dict:
             time.sleep(0.02)
 
     thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
+    if memory:
+        thread.start()
     stdout, stderr = process.communicate()
     done.set()
-    thread.join()
+    if memory:
+        thread.join()
     if process.returncode:
         raise SystemExit(f"{method} on {src} failed:\n{stderr[-3000:]}")
     result = json.loads(stdout.strip().splitlines()[-1])
-    result["peak_mb"] = peak / 2**20
+    result["peak_mb"] = peak / 2**20 if memory else None
     shutil.rmtree(out, ignore_errors=True)
     return result
 
@@ -295,21 +301,24 @@ def main() -> None:
     make_arrays(sources[("arrays", 1)], args.rows)
     make_arrays(sources[("arrays", 4)], args.rows * 4)
 
-    results = {}
-    for round_index in range(args.repeats):
+    results, peaks = {}, {}
+    for round_index in range(args.repeats + 1):
+        memory = round_index == 0  # round 0 measures memory, the others speed
         for kind in ("images", "arrays"):
             for scale in (1, 4):
                 for method in METHODS:
-                    print(f"  round {round_index + 1}: {kind:<6} {method:<12} {scale}x ...", end=" ",
-                          flush=True)
-                    r = measure(method, kind, sources[(kind, scale)], os.path.join(work, "out"))
-                    print(f"{r['examples'] / r['seconds']:,.0f} ex/s, peak {r['peak_mb']:,.0f} MB",
-                          flush=True)
-                    best = results.get((kind, method, scale))
-                    if best is not None:  # speed: the fastest run; memory: the highest peak
-                        peak = max(r["peak_mb"], best["peak_mb"])
-                        r = dict(min(best, r, key=lambda run: run["seconds"]), peak_mb=peak)
-                    results[(kind, method, scale)] = r
+                    what = "memory" if memory else f"speed {round_index}"
+                    print(f"  {what:<8} {kind:<6} {method:<12} {scale}x ...", end=" ", flush=True)
+                    r = measure(method, kind, sources[(kind, scale)], os.path.join(work, "out"),
+                                memory)
+                    key = (kind, method, scale)
+                    if memory:
+                        peaks[key] = r["peak_mb"]
+                        print(f"peak {r['peak_mb']:,.0f} MB", flush=True)
+                        continue
+                    print(f"{r['examples'] / r['seconds']:,.0f} ex/s", flush=True)
+                    if key not in results or r["seconds"] < results[key]["seconds"]:
+                        results[key] = dict(r, peak_mb=peaks[key])
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\nconvert benchmark: {args.images:,} 64x64 PNGs and {args.rows:,} x {FEATURES} float32 "

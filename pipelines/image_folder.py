@@ -98,10 +98,11 @@ class Pipeline(BasePipeline):
                 folder = posixpath.join(layout[split], class_name)
                 if not _isdir(folder):
                     continue
+                key_prefix = posixpath.join(split or "", class_name, "")  # "[split/]class/"
+                path_prefix = posixpath.join(folder, "")
                 for name in self._files(folder):
                     if index % num_workers == worker:
-                        key = posixpath.join(*(p for p in (split, class_name, name) if p))
-                        yield Row(key=key, value=(posixpath.join(folder, name), label), split=split)
+                        yield Row(key=key_prefix + name, value=(path_prefix + name, label), split=split)
                     index += 1
 
     @staticmethod

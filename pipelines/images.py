@@ -11,6 +11,7 @@ import struct
 import zlib
 
 from tftrain.data import example_bytes
+from tftrain.errors import BadRow
 
 # A "default" marks a key that other TF tooling does not always write: a foreign TFRecord
 # without it still parses (see `tftrain.data.reader.parse_spec`).
@@ -89,8 +90,6 @@ def _jpeg_check(data: bytes) -> None:
     Entropy-coded data cannot contain 0xFFD9 (0xFF is byte-stuffed), so a JPEG whose bytes stop
     early has no EOI after its first scan. Bytes after the EOI (camera trailers) are allowed.
     """
-    from tftrain.errors import BadRow
-
     pos = 2
     while True:
         while pos < len(data) and data[pos] == 0xFF:  # fill bytes before a marker
@@ -121,8 +120,6 @@ def _png_check(data: bytes) -> tuple[int, int]:
     The same checks as PIL's `verify()`, without building an image object (which costs more than
     the check itself for small images).
     """
-    from tftrain.errors import BadRow
-
     view, pos, size, chunk_types = memoryview(data), 8, None, []
     while True:
         if pos + 12 > len(data):
@@ -156,10 +153,6 @@ def probe_image(data: bytes) -> tuple[str, int, int]:
     lengths and the end-of-image marker. Raises `tftrain.errors.BadRow` naming the problem for an
     empty file, a file that is not an image, another image format, or a truncated image.
     """
-    import PIL.Image
-
-    from tftrain.errors import BadRow
-
     if not data:
         raise BadRow("empty file")
     if data.startswith(_PNG_MAGIC):
@@ -167,6 +160,8 @@ def probe_image(data: bytes) -> tuple[str, int, int]:
     elif data.startswith(b"\xff\xd8"):
         image_format = "jpeg"
     else:
+        import PIL.Image
+
         try:
             with PIL.Image.open(io.BytesIO(data)) as image:
                 found = image.format
@@ -178,6 +173,8 @@ def probe_image(data: bytes) -> tuple[str, int, int]:
         if width <= 0 or height <= 0:
             raise BadRow(f"PNG has an empty size {width}x{height}")
         return image_format, height, width
+    import PIL.Image
+
     try:
         with PIL.Image.open(io.BytesIO(data), formats=[image_format.upper()]) as image:
             width, height = image.size

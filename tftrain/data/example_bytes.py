@@ -45,11 +45,11 @@ def bytes_feature(values: bytes | str | Iterable[bytes | str]) -> bytes:
     """A serialized `tf.train.Feature` holding a BytesList (a str is UTF-8 encoded)."""
     if isinstance(values, str):
         values = values.encode()
-    if isinstance(values, bytes):  # the common case, kept to two concatenations
-        items = _TAG_1 + _varint(len(values)) + values
-    else:
-        items = b"".join(_delimited(_TAG_1, v.encode() if isinstance(v, str) else bytes(v))
-                         for v in values)
+    if isinstance(values, bytes):  # the common case: small parts first, so `values` is copied once
+        size = _varint(len(values))
+        return _TAG_1 + _varint(1 + len(size) + len(values)) + _TAG_1 + size + values
+    items = b"".join(_delimited(_TAG_1, v.encode() if isinstance(v, str) else bytes(v))
+                     for v in values)
     return _TAG_1 + _varint(len(items)) + items
 
 
@@ -73,14 +73,17 @@ def float_feature(values: float | Iterable[float]) -> bytes:
 
 def example(features: Mapping[str, bytes]) -> bytes:
     """A serialized `tf.train.Example` from feature name -> serialized Feature (see above)."""
-    parts = []
+    parts, body_size = [_TAG_1, b""], 0  # parts[1]: the size of the body, known at the end
     for name in sorted(features):
         feature = features[name]
         key = _KEYS.get(name) or _key(name)
         size = _varint(len(feature))
-        parts += (_TAG_1, _varint(len(key) + 1 + len(size) + len(feature)), key, _TAG_2, size, feature)
-    body = b"".join(parts)
-    return _TAG_1 + _varint(len(body)) + body
+        entry_size = len(key) + 1 + len(size) + len(feature)
+        entry_size_bytes = _varint(entry_size)
+        parts += (_TAG_1, entry_size_bytes, key, _TAG_2, size, feature)
+        body_size += 1 + len(entry_size_bytes) + entry_size
+    parts[1] = _varint(body_size)
+    return b"".join(parts)  # one copy of each (possibly large) feature
 
 
 _KEYS: dict[str, bytes] = {}  # feature name -> its serialized map-entry key field
