@@ -59,22 +59,25 @@ def decode_image_batch(features: dict, height: int, width: int, channels: int):
     import tensorflow as tf
 
     def decode(encoded):
-        return tf.cast(tf.io.decode_image(encoded, channels=channels, expand_animations=False),
-                       tf.float32)
+        return tf.io.decode_image(encoded, channels=channels, expand_animations=False)
 
-    def decode_batch(decode_one):
+    def decode_batch(decode_one, dtype):
         # Images decode independently: let the loop run many at once (the default is 10).
         return tf.map_fn(decode_one, features["image/encoded"], parallel_iterations=64,
-                         fn_output_signature=tf.TensorSpec([height, width, channels], tf.float32))
+                         fn_output_signature=tf.TensorSpec([height, width, channels], dtype))
 
     # Datasets are usually stored at the training size: then the (costly) resize is skipped for
-    # the whole batch, decided from the stored image/height and image/width.
+    # the whole batch, decided from the stored image/height and image/width, and the images stay
+    # uint8 until one cast of the whole batch (a cast per image costs more).
     stored_at_size = tf.reduce_all(tf.logical_and(
         tf.equal(features["image/height"], height), tf.equal(features["image/width"], width)))
     images = tf.cond(
         stored_at_size,
-        lambda: decode_batch(lambda e: tf.ensure_shape(decode(e), [height, width, channels])),
-        lambda: decode_batch(lambda e: tf.image.resize_with_pad(decode(e), height, width)))
+        lambda: tf.cast(decode_batch(
+            lambda e: tf.ensure_shape(decode(e), [height, width, channels]), tf.uint8), tf.float32),
+        lambda: decode_batch(
+            lambda e: tf.image.resize_with_pad(tf.cast(decode(e), tf.float32), height, width),
+            tf.float32))
     images = images / 255.0
     labels = tf.cast(features["image/class/label"], tf.int32)
     return images, labels
