@@ -28,4 +28,7 @@ def load_pipeline(name: str, **options) -> BasePipeline:
     if not (isinstance(cls, type) and issubclass(cls, BasePipeline)):
         raise ConfigError(
             f"pipeline module {module_name!r} must define `class Pipeline(pipelines.base.BasePipeline)`.")
-    return cls(**options)
+    pipeline = cls(**options)
+    if "." in name:  # a user's module: the manifest must name what loads it again
+        pipeline.name = name
+    return pipeline
