@@ -14,9 +14,14 @@ import io
 import struct
 
 import google_crc32c
+from absl import logging
 
 BUFFER_BYTES = 1 << 20
 _MASK_DELTA = 0xA282EAD8
+
+if google_crc32c.implementation != "c":
+    logging.warning("google-crc32c runs without its C extension on this platform: writing "
+                    "TFRecord shards will be slow (reinstall google-crc32c from a binary wheel).")
 
 
 def masked_crc32c(data: bytes) -> bytes:
