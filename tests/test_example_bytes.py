@@ -35,10 +35,16 @@ CASES = {
     "long values": (
         {"é/key": eb.bytes_feature(["ü", b"", b"x" * 300, bytearray(b"ab")]),
          "Z": eb.int64_feature(np.arange(-100, 200).reshape(3, 100)),
-         "big": eb.bytes_feature(bytes(range(256)) * 1000)},
+         "big": eb.bytes_feature(bytes(range(256)) * 1000),
+         "buffer": eb.bytes_feature(bytearray(b"raw")), "view": eb.bytes_feature(memoryview(b"mv")),
+         "matrix": eb.float_feature(np.ones((2, 3), np.float64)), "huge": eb.float_feature(1e39)},
         {"é/key": F(bytes_list=tf.train.BytesList(value=["ü".encode(), b"", b"x" * 300, b"ab"])),
          "Z": F(int64_list=tf.train.Int64List(value=list(range(-100, 200)))),
-         "big": F(bytes_list=tf.train.BytesList(value=[bytes(range(256)) * 1000]))}),
+         "big": F(bytes_list=tf.train.BytesList(value=[bytes(range(256)) * 1000])),
+         "buffer": F(bytes_list=tf.train.BytesList(value=[b"raw"])),
+         "view": F(bytes_list=tf.train.BytesList(value=[b"mv"])),
+         "matrix": F(float_list=tf.train.FloatList(value=[1.0] * 6)),
+         "huge": F(float_list=tf.train.FloatList(value=[1e39]))}),
     "no features": ({}, {}),
 }
 

@@ -13,7 +13,6 @@ A pipeline's `encode()` may return such bytes or a `tf.train.Example`; `serializ
 """
 from __future__ import annotations
 
-import struct
 from typing import Iterable, Mapping
 
 import numpy as np
@@ -45,6 +44,8 @@ def bytes_feature(values: bytes | str | Iterable[bytes | str]) -> bytes:
     """A serialized `tf.train.Feature` holding a BytesList (a str is UTF-8 encoded)."""
     if isinstance(values, str):
         values = values.encode()
+    elif isinstance(values, (bytearray, memoryview)):
+        values = bytes(values)
     if isinstance(values, bytes):  # the common case: small parts first, so `values` is copied once
         size = _varint(len(values))
         return _TAG_1 + _varint(1 + len(size) + len(values)) + _TAG_1 + size + values
@@ -64,10 +65,7 @@ def int64_feature(values: int | Iterable[int]) -> bytes:
 
 def float_feature(values: float | Iterable[float]) -> bytes:
     """A serialized `tf.train.Feature` holding a FloatList (values are stored as float32)."""
-    if isinstance(values, (float, int, np.floating, np.integer)):
-        packed = struct.pack("<f", values)
-    else:
-        packed = np.asarray(values, dtype="<f4").tobytes()
+    packed = np.asarray(values, dtype="<f4").tobytes()  # a scalar or any shape, flattened
     return _delimited(_TAG_2, _delimited(_TAG_1, packed) if packed else b"")
 
 
