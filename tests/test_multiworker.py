@@ -143,8 +143,9 @@ def test_killed_worker_ends_the_launch_and_a_rerun_resumes(tmp_path, digits_dir)
         assert second.wait(BOUND + 60) == 0, second.tail()
     finally:
         second.kill_all()
+    # Both workers resume; their lines interleave in any order, so look for the chief's.
     resumed = [line for line in second.lines if "resumed from epoch" in line]
-    assert resumed and resumed[0].startswith("[worker 0]")
+    assert any(line.startswith("[worker 0]") for line in resumed), resumed
     summary = json.loads((tmp_path / "run/summary.json").read_text())
     assert summary["resumed_from"] is not None and summary["resumed_from"][0] >= 2
     assert summary["epochs"] == epochs and summary["eval"]["accuracy"] >= 0.95
