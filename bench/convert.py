@@ -264,13 +264,13 @@ def measure(method: str, kind: str, src: str, out: str, memory: bool) -> dict:
             peak = max(peak, sum(_memory(p) for p in _tree(process.pid)))
             time.sleep(0.02)
 
-    thread = threading.Thread(target=sample, daemon=True)
-    if memory:
-        thread.start()
+    sampler = threading.Thread(target=sample, daemon=True) if memory else None
+    if sampler:
+        sampler.start()
     stdout, stderr = process.communicate()
     done.set()
-    if memory:
-        thread.join()
+    if sampler:
+        sampler.join()
     if process.returncode:
         raise SystemExit(f"{method} on {src} failed:\n{stderr[-3000:]}")
     result = json.loads(stdout.strip().splitlines()[-1])

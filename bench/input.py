@@ -33,7 +33,8 @@ from tftrain.data.reader import parse_spec  # noqa: E402
 BATCH = 256
 
 
-def _decode_one(serialized, spec):
+def decode_one_example(serialized, spec):
+    """One record as people usually decode it: parse, decode, resize, scale (also bench/train.py)."""
     features = tf.io.parse_single_example(serialized, spec)
     image = tf.io.decode_image(features["image/encoded"], channels=3, expand_animations=False)
     image = tf.image.resize_with_pad(tf.cast(image, tf.float32), synthetic.SIZE, synthetic.SIZE)
@@ -48,9 +49,9 @@ def pipelines(data_dir: str, split: str) -> dict:
     return {
         "raw TFRecord read (limit)": lambda: tf.data.TFRecordDataset(files).batch(BATCH),
         "naive (parse_single_example map)": lambda: tf.data.TFRecordDataset(files).map(
-            lambda s: _decode_one(s, spec)).batch(BATCH),
+            lambda s: decode_one_example(s, spec)).batch(BATCH),
         "per-example, parallel map": lambda: tf.data.TFRecordDataset(files).map(
-            lambda s: _decode_one(s, spec), num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH)
+            lambda s: decode_one_example(s, spec), num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH)
         .prefetch(tf.data.AUTOTUNE),
         "tftrain.data.load": lambda: load(data_dir, split, BATCH, training=True, seed=0),
     }

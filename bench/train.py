@@ -25,6 +25,7 @@ import argparse
 import os
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -59,14 +60,14 @@ def plain_keras(x, y, args) -> float:
 
 def hand_written(data_dir, args) -> float:
     """Seconds per step of a plain fit over a typical hand-written tf.data pipeline."""
-    from bench.input import _decode_one
+    from bench.input import decode_one_example
     from tftrain.data import manifest as manifest_lib
     from tftrain.data.reader import parse_spec
 
     manifest = manifest_lib.read(data_dir)
     spec = parse_spec(manifest["features"])
     dataset = (tf.data.TFRecordDataset(manifest_lib.shard_files(data_dir, manifest, "train"))
-               .map(lambda s: _decode_one(s, spec), num_parallel_calls=tf.data.AUTOTUNE)
+               .map(lambda s: decode_one_example(s, spec), num_parallel_calls=tf.data.AUTOTUNE)
                .shuffle(10_000).repeat().batch(args.batch_size).prefetch(tf.data.AUTOTUNE))
     model, timer = _compiled_model(), StepTimer(args.batch_size)
     model.fit(dataset, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, callbacks=[timer],
@@ -102,8 +103,6 @@ def input_wait(data_dir, args) -> tuple[float, float]:
 
 def blocked_on_input(data_dir, args) -> float:
     """The share of step time spent in `next(iterator)` of the reader (after a warm-up epoch)."""
-    import time
-
     model = _compiled_model()
     reader = load(data_dir, "train", args.batch_size, training=True, repeat=True, seed=0)
     step = tf.function(model.train_step)

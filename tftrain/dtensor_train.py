@@ -30,7 +30,7 @@ from tftrain.callbacks import backup as backup_lib
 from tftrain.callbacks.step_timer import StepTimer
 from tftrain.data import reader
 from tftrain.errors import ConfigError
-from tftrain.fileio import join, write_text_atomic
+from tftrain.fileio import join, write_atomic
 
 # Attributes under which tf-keras layers also list their variables (skipped by LayoutMap too).
 _SKIP_ATTRIBUTES = ("_self_tracked_trackables", "_trainable_weights", "_non_trainable_weights",
@@ -45,7 +45,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool, sigterm) -> 
     mesh, dims = create_mesh(config.runtime)
     params_yaml = config_lib.to_yaml(config)
     run_dir.prepare(model_dir, overwrite, params_yaml)
-    write_text_atomic(join(model_dir, run_dir.PARAMS), params_yaml)
+    write_atomic(join(model_dir, run_dir.PARAMS), params_yaml)
     keras.backend.experimental.enable_tf_random_generator()  # DTensor needs tf.random.Generator
     keras.utils.set_random_seed(config.train.seed)
     keras.mixed_precision.set_global_policy("float32")

@@ -14,17 +14,18 @@ def join(*parts: str) -> str:
     return posixpath.join(*parts)
 
 
-def write_text_atomic(path: str, text: str) -> None:
-    """Writes `text` under a temporary name in the same directory, then renames it over `path`."""
+def write_atomic(path: str, content: str | bytes) -> None:
+    """Writes `content` (text or bytes) under a temporary name in the same directory, then
+    renames it over `path`."""
     tmp = f"{path}.tmp-{os.getpid()}"
-    with tf.io.gfile.GFile(tmp, "w") as f:
-        f.write(text)
+    with tf.io.gfile.GFile(tmp, "wb" if isinstance(content, bytes) else "w") as f:
+        f.write(content)
     tf.io.gfile.rename(tmp, path, overwrite=True)
 
 
 def write_json(path: str, data: dict) -> None:
     """Writes `data` as indented, key-sorted JSON, atomically."""
-    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
 def read_bytes(path: str) -> bytes:

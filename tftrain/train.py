@@ -30,7 +30,7 @@ from tftrain.callbacks.stop_at_step import StopAtStep
 from tftrain.data import manifest as manifest_lib
 from tftrain.data import reader
 from tftrain.data.writer import write_dataset
-from tftrain.fileio import join, remove, write_text_atomic
+from tftrain.fileio import join, remove, write_atomic
 
 PREEMPTED_EXIT_CODE = preemption.PREEMPTED_EXIT_CODE
 
@@ -61,7 +61,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     if chief or not overwrite:
         run_dir.prepare(model_dir, overwrite, params_yaml)
     if chief:
-        write_text_atomic(join(model_dir, run_dir.PARAMS), params_yaml)
+        write_atomic(join(model_dir, run_dir.PARAMS), params_yaml)
     keras.utils.set_random_seed(config.train.seed)
     policy = precision.set_policy(config.runtime.mixed_precision, strategy)
 

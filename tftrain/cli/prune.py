@@ -23,7 +23,6 @@ flags.DEFINE_float("learning_rate", None, "Fine-tuning learning rate, constant (
 
 
 def main(argv):
-
     require("model_dir")
     from tftrain.optimize import prune, runs  # starts TensorFlow: only after the flags are valid
 

@@ -59,14 +59,11 @@ def _write_shard(item, plan) -> dict:
     """Writes one shard's records under a temporary name, hashing them, and renames it."""
     (split, index), records = item
     labels: dict[str, int] = {}
-    out = RecordFile(plan.tmp_path(plan.file_name(split, index)))
-    try:
+    with RecordFile(plan.tmp_path(plan.file_name(split, index))) as out:
         for data, label in records:
             out.write(data)
             if label is not None:
                 labels[str(label)] = labels.get(str(label), 0) + 1
-    finally:
-        out.close()
     (entry,) = shard_worker.publish(plan, {(split, index): out}, lambda: True)
     entry["labels"] = labels
     return entry

@@ -18,7 +18,7 @@ from tftrain import cluster, distribute, optimizers, run_dir, train
 from tftrain.data import manifest as manifest_lib
 from tftrain.data import reader
 from tftrain.errors import ConfigError, TftrainError
-from tftrain.fileio import join, write_json
+from tftrain.fileio import join, write_atomic, write_json
 from tftrain.optimize import metrics, prune, quantize, report, sizes, tflite_eval
 from tftrain.optimize.keras_model import load_keras_model
 
@@ -97,7 +97,7 @@ def _optimizer_fn(config: config_lib.Config, learning_rate: float | None, steps_
 
 def _tflite_measure(content: bytes, path: str, eval_data, max_examples: int | None) -> dict:
     """Writes a .tflite and evaluates its accuracy with the interpreter on the evaluation data."""
-    sizes.write_bytes(path, content)
+    write_atomic(path, content)
     result = tflite_eval.evaluate_tflite(content, eval_data, max_examples=max_examples,
                                          latency_rounds=1)
     return {"path": path, "content": content, **result}

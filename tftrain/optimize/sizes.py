@@ -6,7 +6,6 @@ Pruned weights are stored dense (zeros included), so pruning shows up only after
 from __future__ import annotations
 
 import gzip
-import os
 
 import numpy as np
 import tensorflow as tf
@@ -26,17 +25,3 @@ def gzip_weights_bytes(model) -> int:
 def file_bytes(path: str) -> int:
     """Size of the file at `path` (any filesystem `tf.io.gfile` knows)."""
     return int(tf.io.gfile.stat(path).length)
-
-
-def read_bytes(path: str) -> bytes:
-    """Contents of the file at `path`."""
-    with tf.io.gfile.GFile(path, "rb") as f:
-        return f.read()
-
-
-def write_bytes(path: str, data: bytes) -> None:
-    """Writes `data` to `path` atomically (temporary name, then rename)."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with tf.io.gfile.GFile(tmp, "wb") as f:
-        f.write(data)
-    tf.io.gfile.rename(tmp, path, overwrite=True)

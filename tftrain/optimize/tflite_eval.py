@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from tftrain.errors import TftrainError
+from tftrain.fileio import read_bytes
 from tftrain.optimize import metrics, sizes
 
 
@@ -35,7 +36,7 @@ class TfliteModel:
     def __init__(self, model: bytes | str, num_threads: int = 1):
         if not isinstance(model, (bytes, bytearray)) and not tf.io.gfile.exists(model):
             raise TftrainError(f"no TFLite model at {model}")
-        content = model if isinstance(model, (bytes, bytearray)) else sizes.read_bytes(model)
+        content = model if isinstance(model, (bytes, bytearray)) else read_bytes(model)
         self.size = len(content)
         try:
             self.interpreter = interpreter_class()(model_content=bytes(content),
@@ -155,7 +156,7 @@ def evaluate_tflite(path: bytes | str, dataset, *, max_examples: int | None = No
     latency = float(np.mean(seconds))
     for _ in range(latency_rounds - 1):
         latency = min(latency, float(np.mean([runner.run(example)[1] for example in kept])))
-    content = path if isinstance(path, (bytes, bytearray)) else sizes.read_bytes(path)
+    content = path if isinstance(path, (bytes, bytearray)) else read_bytes(path)
     return {"accuracy": metrics.count_correct(outputs, labels) / len(labels),
             "latency_ms": 1000.0 * latency,
             "num_examples": int(len(labels)),
