@@ -73,6 +73,8 @@ def test_serialize_and_int64_scalar_accept_bytes_and_protos():
     message = tf.train.Example.FromString(data)
     assert eb.serialize(data) is data
     assert tf.train.Example.FromString(eb.serialize(message)) == message
+    with pytest.raises(TypeError, match="encode\\(\\) returned a dict; return a tf.train.Example"):
+        eb.serialize({"label": 3})
     for encoded in (data, message):
         assert eb.int64_scalar(encoded, "label") == -3
         assert eb.int64_scalar(encoded, "many") is None

@@ -98,6 +98,9 @@ def serialize(encoded) -> bytes:
     """The bytes of what a pipeline's `encode()` returned (serialized bytes or a tf.train.Example)."""
     if isinstance(encoded, bytes):
         return encoded
+    if not hasattr(encoded, "SerializeToString"):
+        raise TypeError(f"encode() returned a {type(encoded).__name__}; return a tf.train.Example "
+                        "or its serialized bytes (see tftrain.data.example_bytes)")
     return encoded.SerializeToString(deterministic=True)
 
 
