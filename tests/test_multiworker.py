@@ -149,5 +149,18 @@ def test_killed_worker_ends_the_launch_and_a_rerun_resumes(tmp_path, digits_dir)
     summary = json.loads((tmp_path / "run/summary.json").read_text())
     assert summary["resumed_from"] is not None and summary["resumed_from"][0] >= 2
     assert summary["epochs"] == epochs and summary["eval"]["accuracy"] >= 0.95
-    # Epochs 1 and 2 were not trained again.
+    # Epochs 1 and 2 were not trained again ...
     assert not [line for line in second.lines if re.match(rf"\[worker 0\] Epoch [12]/{epochs}$", line)]
+    # ... and the first resumed epoch trained on from the backed-up weights: its training
+    # accuracy is far above a fresh first epoch's (about 0.5 on digits).
+    first_epoch, resumed_epoch = (epoch_accuracy(run.lines) for run in (first, second))
+    assert first_epoch < 0.8 < resumed_epoch, (first_epoch, resumed_epoch)
+
+
+def epoch_accuracy(lines: list[str]) -> float:
+    """The training accuracy of the first epoch that the chief finished in these lines."""
+    for line in lines:
+        match = re.match(r"\[worker 0\] \d+/\d+ - .* - accuracy: ([0-9.]+) - val_loss", line)
+        if match:
+            return float(match.group(1))
+    raise AssertionError("the chief finished no epoch")

@@ -98,7 +98,7 @@ def test_schedules():
         lr = optimizers.make_schedule(cfg, steps_per_epoch, total)
         return float(lr(step)) if callable(lr) else lr
 
-    assert rate("train.learning_rate=0.1") == 0.1
+    assert rate("train.learning_rate=0.1,train.lr_schedule=constant") == 0.1
     assert rate("train.learning_rate=0.1,train.lr_schedule=step,train.lr_decay_epochs=2",
                 step=19) == pytest.approx(0.1)
     assert rate("train.learning_rate=0.1,train.lr_schedule=step,train.lr_decay_epochs=2",
