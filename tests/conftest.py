@@ -14,6 +14,9 @@ TEST_CPU_DEVICES = 2
 
 
 def pytest_configure(config):
+    from tftrain import quiet_start
+
+    quiet_start.import_tensorflow()
     import tensorflow as tf
 
     cpu = tf.config.list_physical_devices("CPU")[0]

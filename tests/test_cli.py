@@ -54,8 +54,41 @@ def test_bad_input_is_one_line_and_nonzero(tmp_path):
         assert result.returncode == 2, (args, result.stderr)
         assert message in result.stderr, (args, result.stderr)
         assert "Traceback" not in result.stderr, (args, result.stderr)
-        error_lines = [line for line in result.stderr.splitlines() if "error:" in line]
-        assert len(error_lines) == 1, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
+
+
+def test_errors_after_tensorflow_loads_stand_alone(tmp_path, digits_dir):
+    """TensorFlow's C++ start-up lines (oneDNN, CUDA stubs) do not precede or follow the error,
+    not even from the converter's forkserver, which outlives a command that fails early."""
+    cases = [
+        (("inspect", f"--data={tmp_path}"), 1, "dataset.json is missing"),
+        (("convert", "--pipeline=digits", f"--output={digits_dir}"), 1, "already holds a complete"),
+        (("evaluate", f"--model={tmp_path}/none", f"--data={digits_dir}"), 1, "is not a SavedModel directory"),
+    ]
+    for args, code, message in cases:
+        result = run_subprocess(*args)  # waits for every process holding its stderr
+        assert result.returncode == code, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
+        assert message in result.stderr, (args, result.stderr)
+
+
+def test_tensorflow_start_up_chatter_is_recognized(monkeypatch):
+    from tftrain import quiet_start
+
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")  # tftrain's default
+
+    chatter = [
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
+        "I0000 00:00:1796046621.007206   27097 port.cc:153] oneDNN custom operations are on.",
+        "I0000 00:00:1796046621.007727   27097 cudart_stub.cc:31] Could not find cuda drivers",
+        "W0000 00:00:1796046621.007727   27097 cpu_feature_guard.cc:227] This TensorFlow binary",
+    ]
+    kept = ["E0000 00:00:1796046621.1   27097 some_op.cc:12] a real error",
+            "Traceback (most recent call last):", "tftrain train: error: something"]
+    assert all(quiet_start.is_chatter(line) for line in chatter)
+    assert not any(quiet_start.is_chatter(line) for line in kept)
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # the user asked to see everything
+    assert not any(quiet_start.is_chatter(line) for line in chatter[1:])
 
 
 def test_in_process_cli_resets_flags_between_runs(cli, digits_dir, tmp_path, capsys):

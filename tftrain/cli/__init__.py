@@ -14,6 +14,7 @@ import sys
 
 from absl import app, flags, logging
 
+from tftrain import quiet_start
 from tftrain.errors import ConfigError, TftrainError
 
 COMMANDS = {
@@ -88,7 +89,8 @@ def _guarded(name: str, module):
     """Runs a command's main; a TftrainError becomes one line on stderr and its exit code.
 
     Positional arguments are refused here, once for every command, unless the command module
-    sets `ACCEPTS_ARGUMENTS = True` (`launch -- train ...`).
+    sets `ACCEPTS_ARGUMENTS = True` (`launch -- train ...`). TensorFlow is imported here, with its
+    start-up chatter hidden, unless the module sets `USES_TENSORFLOW = False`.
     """
 
     def guarded_main(argv):
@@ -99,6 +101,8 @@ def _guarded(name: str, module):
         try:
             if len(argv) > 1 and not getattr(module, "ACCEPTS_ARGUMENTS", False):
                 raise ConfigError(f"unexpected arguments {argv[1:]}: every option is a --flag")
+            if getattr(module, "USES_TENSORFLOW", True):
+                quiet_start.import_tensorflow()
             return module.main(argv)
         except TftrainError as e:
             print(f"{PROG} {name}: error: {e}", file=sys.stderr)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 
-PRELOAD = ["tftrain.data.shard_worker", "tensorflow"]
+PRELOAD = ["tftrain.data.worker_preload"]
 
 
 def context():

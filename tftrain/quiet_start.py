@@ -1,0 +1,70 @@
+"""Imports TensorFlow without its C++ start-up chatter, so a command's own messages stand alone.
+
+TensorFlow's shared libraries log a few lines while they load (oneDNN notes, CUDA stub probes)
+before absl logging is initialized, so `TF_CPP_MIN_LOG_LEVEL` cannot silence them. Here the
+process's stderr (fd 2) is sent to a temporary file while TensorFlow loads and probes its
+devices; afterwards every line is written back except the chatter the log level asks to hide.
+Nothing else is ever dropped: an import error and its output reach stderr as they were.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import re
+import sys
+import tempfile
+
+_BEFORE_ABSL_INIT = "WARNING: All log messages before absl::InitializeLog() is called"
+_CPP_LOG_LINE = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ")
+_LEVELS = "IWEF"
+
+
+def import_tensorflow(list_devices: bool = True) -> None:
+    """Imports TensorFlow (and tf_keras) and lists the devices, hiding the start-up chatter.
+
+    `list_devices=False` leaves the devices alone, for a process that forks workers later
+    (CUDA must not be initialized before a fork).
+    """
+    if "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved_stderr = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import tensorflow as tf
+            import tf_keras  # noqa: F401  (loads its own libraries, which log again)
+
+            if list_devices:
+                tf.config.list_physical_devices()  # the CUDA probe logs here
+        finally:
+            os.dup2(saved_stderr, 2)
+            os.close(saved_stderr)
+            captured.seek(0)
+            lines = captured.read().decode("utf-8", "replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not is_chatter(line)))
+            sys.stderr.flush()
+
+
+def is_chatter(line: str) -> bool:
+    """True for a start-up line that TF_CPP_MIN_LOG_LEVEL (tftrain's default: 2) would hide.
+
+    The failed CUDA probe (an error line) counts as chatter on a machine without NVIDIA devices.
+    """
+    if line.startswith(_BEFORE_ABSL_INIT):
+        return True
+    match = _CPP_LOG_LINE.match(line)
+    if not match:
+        return False
+    level = _LEVELS.index(match.group(1))
+    if level < min_log_level():
+        return True
+    return "failed call to cuInit" in line and not glob.glob("/dev/nvidia[0-9]*")
+
+
+def min_log_level() -> int:
+    """TF_CPP_MIN_LOG_LEVEL as a number (0: show everything)."""
+    try:
+        return int(os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0"))
+    except ValueError:
+        return 0
