@@ -19,7 +19,7 @@ from PIL import Image
 from pipelines import load_pipeline
 from pipelines.base import BasePipeline, Row
 from tftrain.data import manifest as manifest_lib
-from tftrain.data import shard_plan
+from tftrain.data import output_lock, shard_plan
 from tftrain.data.progress import Progress
 from tftrain.data.splits import assign_split
 from tftrain.data.writer import write_dataset
@@ -89,7 +89,8 @@ def records(data_dir, split):
 
 
 def output_names(path):
-    return sorted(os.listdir(path))
+    """The directory's files, without the conversion lock file (which stays, see output_lock)."""
+    return sorted(n for n in os.listdir(path) if n != output_lock.LOCK_NAME)
 
 
 def test_workers_1_and_2_write_the_same_examples_deterministically(tmp_path):

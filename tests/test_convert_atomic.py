@@ -9,9 +9,9 @@ import time
 import pytest
 
 from tests.conftest import PYTHON, REPO
-from tftrain.data import inspection, load
+from tftrain.data import inspection, load, output_lock
 from tftrain.data import manifest as manifest_lib
-from tftrain.errors import DataError
+from tftrain.errors import DataError, TftrainError
 
 N = 3000
 
@@ -71,6 +71,8 @@ def test_kill_9_mid_write_then_rerun(tmp_path):
         time.sleep(0.1)
     assert not [w for w in workers if running(w)]
     assert_not_a_dataset(output)
+    # The killed run's lock file is still there, but its lock died with the process.
+    assert os.path.exists(os.path.join(output, output_lock.LOCK_NAME))
     # The rerun clears the leftovers and completes (in-process, one worker, to stay fast).
     from tests.test_convert import Pipeline
     from tftrain.data.writer import write_dataset
@@ -91,3 +93,24 @@ def test_ctrl_c_stops_cleanly(tmp_path):
     assert "interrupted" in err
     assert_not_a_dataset(output)
     assert [n for n in os.listdir(output) if n.endswith(".tfrecord") or ".tmp" in n] == []
+
+
+def test_a_second_conversion_into_the_same_directory_is_refused(tmp_path):
+    output = str(tmp_path / "out")
+    process = start_conversion(output, "--workers=1")
+    try:
+        wait_for_shard_files(output, process)
+        from tests.test_convert import Pipeline
+        from tftrain.data.writer import write_dataset
+
+        holder = rf"another conversion \(pid {process.pid} on [^)]+\) is writing into {output}"
+        with pytest.raises(TftrainError, match=holder):
+            write_dataset(Pipeline(n=50), "", output, num_shards=1, workers=1, overwrite=True)
+        _, err = process.communicate(timeout=180)
+    finally:
+        process.kill()
+    # The first conversion was not disturbed: it completes, and every shard checks out.
+    assert process.returncode == 0, err
+    manifest = manifest_lib.read(output)
+    assert sum(s["num_examples"] for s in manifest["splits"].values()) == N
+    assert inspection.verify(output) == []

@@ -110,32 +110,35 @@ def write_dataset_beam(pipeline, source: str, output_dir: str, *, beam_options: 
     plan, _ = writer.make_plan(pipeline, source, info, output_dir, splits=splits,
                                num_shards=num_shards, shard_size_mb=shard_size_mb, workers=1,
                                seed=seed)
-    writer.prepare_output_dir(output_dir, overwrite)
-    partitions = max(MIN_READ_PARTITIONS, min(64, sum(plan.shards.values())))
-    key = shard_worker.label_key(pipeline.features(info), info)
-    encode = type("EncodeFn", (_EncodeFn, beam.DoFn), {})(pipeline, info, plan, key)
-    try:
-        with beam.Pipeline(options=options) as root:
-            rows = (root
-                    | "Partitions" >> beam.Create(range(partitions))
-                    | "Spread" >> beam.Reshuffle()
-                    | "Read" >> beam.FlatMap(_read_partition, pipeline, source, info, partitions))
-            encoded = rows | "Encode" >> beam.ParDo(encode).with_outputs("bad", main="good")
-            entries = (encoded.good
-                       | "GroupShards" >> beam.GroupByKey()
-                       | "WriteShards" >> beam.Map(_write_shard, plan)
-                       | "AllShards" >> beam.combiners.ToList())
-            _ = entries | "Summary" >> beam.Map(_write_summary, beam.pvalue.AsList(encoded.bad), plan)
-        summary = read_json(plan.tmp_path(SUMMARY_NAME))
-        remove(plan.tmp_path(SUMMARY_NAME))
-        manifest = writer.finish(pipeline, source, info, plan, [summary], splits, max_bad_fraction)
-    except BaseException as e:
-        writer.remove_shards(plan)
-        if isinstance(e, (DataError, ConfigError, KeyboardInterrupt)):
-            raise
-        logging.exception("the Beam job failed")
-        raise DataError(f"the Beam conversion job failed: {type(e).__name__}: "
-                        f"{str(e).splitlines()[0] if str(e) else ''}") from e
+    with writer.claim_output_dir(output_dir, overwrite):
+        partitions = max(MIN_READ_PARTITIONS, min(64, sum(plan.shards.values())))
+        key = shard_worker.label_key(pipeline.features(info), info)
+        encode = type("EncodeFn", (_EncodeFn, beam.DoFn), {})(pipeline, info, plan, key)
+        try:
+            with beam.Pipeline(options=options) as root:
+                rows = (root
+                        | "Partitions" >> beam.Create(range(partitions))
+                        | "Spread" >> beam.Reshuffle()
+                        | "Read" >> beam.FlatMap(_read_partition, pipeline, source, info,
+                                                 partitions))
+                encoded = rows | "Encode" >> beam.ParDo(encode).with_outputs("bad", main="good")
+                entries = (encoded.good
+                           | "GroupShards" >> beam.GroupByKey()
+                           | "WriteShards" >> beam.Map(_write_shard, plan)
+                           | "AllShards" >> beam.combiners.ToList())
+                bad = beam.pvalue.AsList(encoded.bad)
+                _ = entries | "Summary" >> beam.Map(_write_summary, bad, plan)
+            summary = read_json(plan.tmp_path(SUMMARY_NAME))
+            remove(plan.tmp_path(SUMMARY_NAME))
+            manifest = writer.finish(pipeline, source, info, plan, [summary], splits,
+                                     max_bad_fraction)
+        except BaseException as e:
+            writer.remove_shards(plan)
+            if isinstance(e, (DataError, ConfigError, KeyboardInterrupt)):
+                raise
+            logging.exception("the Beam job failed")
+            raise DataError(f"the Beam conversion job failed: {type(e).__name__}: "
+                            f"{str(e).splitlines()[0] if str(e) else ''}") from e
     writer.add_stats(manifest, started, 0)
     logging.info("%s", writer.summary_line(output_dir, manifest))
     return manifest

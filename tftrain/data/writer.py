@@ -1,7 +1,7 @@
 """`write_dataset`: converts a pipeline's rows into sharded TFRecord files with a manifest.
 
-Steps: refuse to replace a complete dataset (unless `overwrite`) and clear leftovers of an
-interrupted run; `pipeline.prepare`; a first look at the rows (`shard_plan.take_sample`) to
+Steps: refuse to replace a complete dataset (unless `overwrite`); lock the output directory
+against a second conversion (`output_lock`) and clear leftovers of an interrupted run; `pipeline.prepare`; a first look at the rows (`shard_plan.take_sample`) to
 size the shards; W worker processes (forked from a clean forkserver, see `processes`), each
 reading its own share of the rows and writing its own shards (`shard_worker`); then
 `bad_rows.jsonl` and, last, `dataset.json`. Every shard is written under a temporary name and renamed when complete,
@@ -10,11 +10,13 @@ never leaves a directory that a reader accepts; the rerun clears what it left an
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import queue as queue_lib
 import re
 import time
 import uuid
+from typing import Iterator
 
 import tensorflow as tf
 from absl import logging
@@ -22,7 +24,7 @@ from absl import logging
 import tftrain
 from pipelines import BasePipeline
 from tftrain.data import manifest as manifest_lib
-from tftrain.data import processes, shard_plan, shard_worker
+from tftrain.data import output_lock, processes, shard_plan, shard_worker
 from tftrain.data.progress import Progress
 from tftrain.data.record_file import RecordFile
 from tftrain.errors import ConfigError, DataError, TftrainError
@@ -41,14 +43,18 @@ def refuse_existing(output_dir: str, overwrite: bool) -> None:
             f"{output_dir} already holds a complete dataset; pass --overwrite to replace it.")
 
 
-def prepare_output_dir(output_dir: str, overwrite: bool) -> None:
-    """Refuses to replace a complete dataset unless `overwrite`; clears leftovers of a killed run."""
-    refuse_existing(output_dir, overwrite)
-    if manifest_lib.exists(output_dir):
-        # The manifest goes first: from here on the directory is not a dataset until rewritten.
-        tf.io.gfile.remove(join(output_dir, manifest_lib.MANIFEST_NAME))
+@contextlib.contextmanager
+def claim_output_dir(output_dir: str, overwrite: bool) -> Iterator[None]:
+    """Holds `output_dir` for one conversion: locked against a second one, no complete dataset
+    replaced unless `overwrite`, the leftovers of a killed run cleared."""
     tf.io.gfile.makedirs(output_dir)
-    remove_outputs(output_dir)
+    with output_lock.exclusive(output_dir):
+        refuse_existing(output_dir, overwrite)
+        if manifest_lib.exists(output_dir):
+            # The manifest goes first: from here on the directory is not a dataset until rewritten.
+            tf.io.gfile.remove(join(output_dir, manifest_lib.MANIFEST_NAME))
+        remove_outputs(output_dir)
+        yield
 
 
 def remove_outputs(output_dir: str) -> None:
@@ -82,23 +88,23 @@ def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
     plan, estimated_rows = make_plan(pipeline, source, info, output_dir, splits=splits,
                                      num_shards=num_shards, shard_size_mb=shard_size_mb,
                                      workers=workers, seed=seed)
-    prepare_output_dir(output_dir, overwrite)
-    meter = Progress(estimated_rows, label=f"convert {pipeline.name}") if progress else None
-    try:
-        if plan.num_workers == 1:
-            summaries = [shard_worker.run(pipeline, source, info, plan, 0,
-                                          report=meter.update if meter else None)]
-        else:
-            summaries = _run_processes(pipeline, source, info, plan, meter)
-        if meter:
-            meter.close()
-        manifest = finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction)
-    except shard_worker.RowFailed as e:
-        remove_shards(plan)
-        raise DataError(f"pipeline {pipeline.name!r} failed: {e}") from e
-    except BaseException:
-        remove_shards(plan)
-        raise
+    with claim_output_dir(output_dir, overwrite):
+        meter = Progress(estimated_rows, label=f"convert {pipeline.name}") if progress else None
+        try:
+            if plan.num_workers == 1:
+                summaries = [shard_worker.run(pipeline, source, info, plan, 0,
+                                              report=meter.update if meter else None)]
+            else:
+                summaries = _run_processes(pipeline, source, info, plan, meter)
+            if meter:
+                meter.close()
+            manifest = finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction)
+        except shard_worker.RowFailed as e:
+            remove_shards(plan)
+            raise DataError(f"pipeline {pipeline.name!r} failed: {e}") from e
+        except BaseException:
+            remove_shards(plan)
+            raise
     add_stats(manifest, started, plan.num_workers)
     logging.info("%s", summary_line(output_dir, manifest))
     return manifest
