@@ -37,14 +37,13 @@ CASES = {
          "Z": eb.int64_feature(np.arange(-100, 200).reshape(3, 100)),
          "big": eb.bytes_feature(bytes(range(256)) * 1000),
          "buffer": eb.bytes_feature(bytearray(b"raw")), "view": eb.bytes_feature(memoryview(b"mv")),
-         "matrix": eb.float_feature(np.ones((2, 3), np.float64)), "huge": eb.float_feature(1e39)},
+         "matrix": eb.float_feature(np.ones((2, 3), np.float64))},
         {"é/key": F(bytes_list=tf.train.BytesList(value=["ü".encode(), b"", b"x" * 300, b"ab"])),
          "Z": F(int64_list=tf.train.Int64List(value=list(range(-100, 200)))),
          "big": F(bytes_list=tf.train.BytesList(value=[bytes(range(256)) * 1000])),
          "buffer": F(bytes_list=tf.train.BytesList(value=[b"raw"])),
          "view": F(bytes_list=tf.train.BytesList(value=[b"mv"])),
-         "matrix": F(float_list=tf.train.FloatList(value=[1.0] * 6)),
-         "huge": F(float_list=tf.train.FloatList(value=[1e39]))}),
+         "matrix": F(float_list=tf.train.FloatList(value=[1.0] * 6))}),
     "no features": ({}, {}),
 }
 
@@ -55,6 +54,14 @@ def test_parses_to_the_protobuf_built_example(name):
     data = eb.example(ours)
     assert tf.train.Example.FromString(data) == proto(reference)
     assert eb.example(dict(reversed(list(ours.items())))) == data  # order-independent bytes
+
+
+def test_a_float_beyond_float32_becomes_inf_as_in_protobuf_with_a_warning():
+    with pytest.warns(RuntimeWarning, match="overflow"):
+        data = eb.example({"huge": eb.float_feature(1e39)})
+    reference = proto({"huge": F(float_list=tf.train.FloatList(value=[1e39]))})
+    assert tf.train.Example.FromString(data) == reference
+    assert reference.features.feature["huge"].float_list.value[0] == np.inf
 
 
 def test_tensorflow_parses_it():
