@@ -15,7 +15,8 @@ def _kernels(model):
 def test_target_sparsity_reached_per_layer_and_original_untouched(trained, digits_dir):
     original = [w.copy() for w in trained.get_weights()]
     result = prune.prune_model(trained, digits_train(digits_dir), epochs=2,
-                               steps_per_epoch=steps_per_epoch(digits_dir), target_sparsity=0.8)
+                               steps_per_epoch=steps_per_epoch(digits_dir), target_sparsity=0.8,
+                               min_weights=0)
     for a, b in zip(original, trained.get_weights()):
         np.testing.assert_array_equal(a, b)
 
@@ -36,6 +37,27 @@ def test_target_sparsity_reached_per_layer_and_original_untouched(trained, digit
     assert accuracy_after > 0.75  # a tiny model at 80% sparsity after 2 epochs; chance is 0.1
 
 
+def test_small_layers_stay_dense_by_default(trained, digits_dir):
+    small = [l.name for l in trained.layers if 0 < prune.kernel_weights(l) < prune.DEFAULT_MIN_WEIGHTS]
+    large = [l.name for l in trained.layers if prune.kernel_weights(l) >= prune.DEFAULT_MIN_WEIGHTS]
+    assert small and large  # here: both convolutions and the classifier are small
+    result = prune.prune_model(trained, digits_train(digits_dir), epochs=1,
+                               steps_per_epoch=steps_per_epoch(digits_dir), target_sparsity=0.8)
+    assert result.small_layers == small
+    kernels = _kernels(result.model)
+    for name in small:
+        assert (kernels[name] == 0).mean() < 0.05, name  # fine-tuned, not pruned
+    for name in large:
+        assert abs((kernels[name] == 0).mean() - 0.8) < 0.01, name
+    report = prune.sparsity_report(result.model, result.pruned_weights)
+    assert [layer["layer"] for layer in report["layers"] if "sparsity" in layer] == large
+    assert prune.check_sparsity_reached(report, 0.8) == []
+    # A threshold above every layer leaves nothing to prune: one clear error that says why.
+    with pytest.raises(TftrainError, match="lower --min_weights_to_prune"):
+        prune.prune_model(trained, digits_train(digits_dir), epochs=1, steps_per_epoch=2,
+                          min_weights=10**9)
+
+
 def test_few_steps_still_reach_the_target(trained, digits_dir):
     # TFMOT's default frequency=100 leaves 0% sparsity with fewer steps; ours is derived.
     result = prune.prune_model(trained, digits_train(digits_dir), epochs=1, steps_per_epoch=6,
@@ -47,7 +69,8 @@ def test_few_steps_still_reach_the_target(trained, digits_dir):
 
 def test_2_by_4_structure_holds_on_the_weights(trained, digits_dir):
     result = prune.prune_model(trained, digits_train(digits_dir), epochs=1,
-                               steps_per_epoch=steps_per_epoch(digits_dir), m_by_n=(2, 4))
+                               steps_per_epoch=steps_per_epoch(digits_dir), m_by_n=(2, 4),
+                               min_weights=0)
     kernels = _kernels(result.model)
     # Checked directly: each run of 4 input-channel weights of each output keeps <= 2 non-zeros.
     for name in ("conv_b", "hidden", "logits"):

@@ -80,7 +80,7 @@ def test_qat_end_to_end(trained, digits_dir):
 def test_pruning_preserving_qat_keeps_the_zeros(trained, digits_dir):
     pruned = prune.prune_model(trained, digits_train(digits_dir), epochs=1,
                                steps_per_epoch=steps_per_epoch(digits_dir), target_sparsity=0.6,
-                               schedule="constant").model
+                               schedule="constant", min_weights=0).model
     qat, _ = quantize.quantization_aware_training(
         pruned, digits_train(digits_dir), steps_per_epoch=10, epochs=1, preserve_sparsity=True)
     kernels = [w.numpy() for w in qat.weights if w.name.endswith("kernel:0")]

@@ -18,6 +18,9 @@ flags.DEFINE_string("sparsity_m_by_n", "", "Structured sparsity instead of a fra
 flags.DEFINE_integer("epochs", 4, "Fine-tuning epochs (mask updates are spread over them).")
 flags.DEFINE_enum("pruning_schedule", "polynomial", ["polynomial", "constant"],
                   "Sparsity ramp: polynomial (0 -> target over 2/3 of the steps) or constant.")
+flags.DEFINE_integer("min_weights_to_prune", 2048, "Layers whose kernels hold fewer weights stay "
+                     "dense (typically the first convolution and the classifier: little of the "
+                     "size, much of the accuracy); 0 prunes every layer.", lower_bound=0)
 flags.DEFINE_float("learning_rate", None, "Fine-tuning learning rate, constant (default: a "
                    "quarter of the run's train.learning_rate), with the run's optimizer.")
 
@@ -31,6 +34,7 @@ def main(argv):
     summary = runs.prune_run(
         FLAGS.model_dir, target_sparsity=FLAGS.target_sparsity, m_by_n=FLAGS.sparsity_m_by_n,
         epochs=FLAGS.epochs, schedule=FLAGS.pruning_schedule, learning_rate=FLAGS.learning_rate,
+        min_weights=FLAGS.min_weights_to_prune,
         split=FLAGS.split, strategy_name=FLAGS.strategy)
     from tftrain.optimize import report
 

@@ -24,6 +24,9 @@ SCHEDULES = ("polynomial", "constant")
 # Fraction of the fine-tuning steps spent ramping sparsity up; the rest recovers accuracy.
 _RAMP_FRACTION = 2 / 3
 _MASK_UPDATES = 8
+# Layers whose kernels hold fewer weights stay dense by default: typically the first convolution
+# and the classifier, a small part of the model's size and a large part of its accuracy.
+DEFAULT_MIN_WEIGHTS = 2048
 
 
 def check_target_sparsity(target: float) -> float:
@@ -86,13 +89,22 @@ def make_schedule(kind: str, target_sparsity: float, total_steps: int) -> Schedu
     return Schedule(kind, target_sparsity, total_steps, end_step, frequency)
 
 
-def _wrap_for_pruning(schedule, m_by_n, skipped: list[str]):
-    """A `clone_model` function wrapping every layer TFMOT can prune (recursing into models)."""
+def kernel_weights(layer) -> int:
+    """How many weights `layer`'s kernels (weights of rank 2 or more) hold."""
+    return sum(w.shape.num_elements() for w in layer.weights if w.shape.rank >= 2)
+
+
+def _wrap_for_pruning(schedule, m_by_n, min_weights: int, skipped: list[str], small: list[str]):
+    """A `clone_model` function wrapping every layer TFMOT can prune (recursing into models),
+    except layers with fewer than `min_weights` kernel weights."""
 
     def wrap(layer):
         if isinstance(layer, keras.Model):
             return keras.models.clone_model(layer, clone_function=wrap)
         if isinstance(layer, keras.layers.InputLayer):
+            return layer
+        if 0 < kernel_weights(layer) < min_weights:
+            small.append(layer.name)
             return layer
         if not prune_registry.PruneRegistry.supports(layer):
             if layer.weights:
@@ -131,18 +143,21 @@ class PruneResult:
     m_by_n: tuple[int, int] | None
     pruned_weights: set[str]
     unsupported_layers: list[str]
+    small_layers: list[str]  # left dense: fewer than `min_weights` kernel weights
 
 
 def prune_model(model: keras.Model, train_data, *, steps_per_epoch: int, epochs: int,
                 target_sparsity: float = 0.8, m_by_n: tuple[int, int] | None = None,
                 schedule: str = "polynomial", loss=None, learning_rate: float = 1e-3,
-                optimizer_fn=None, strategy=None, verbose: int = 0) -> PruneResult:
+                min_weights: int = DEFAULT_MIN_WEIGHTS, optimizer_fn=None, strategy=None,
+                verbose: int = 0) -> PruneResult:
     """Fine-tunes a pruned float32 clone of `model` and returns it stripped of its wrappers.
 
     `model` is never modified. `train_data` must yield `steps_per_epoch` batches per epoch; the
     schedule's `frequency` and `end_step` come from `steps_per_epoch * epochs`. With `m_by_n`
     (e.g. `(2, 4)`), every block of n consecutive input-channel weights keeps at most n - m
-    non-zeros instead of following `target_sparsity`. `optimizer_fn()` (default Adam at
+    non-zeros instead of following `target_sparsity`. Layers whose kernels hold fewer than
+    `min_weights` weights stay dense (0: prune every layer). `optimizer_fn()` (default Adam at
     `learning_rate`) is called under the strategy scope.
     """
     check_target_sparsity(target_sparsity)
@@ -150,26 +165,33 @@ def prune_model(model: keras.Model, train_data, *, steps_per_epoch: int, epochs:
     logging.info("pruning schedule: %s", plan)
     loss = loss or finetune_lib.training_loss(model)
     skipped: list[str] = []
+    small: list[str] = []
     with finetune_lib.strategy_scope(strategy):
         clone = clone_float32(model)
         try:
-            pruned = keras.models.clone_model(
-                clone, clone_function=_wrap_for_pruning(plan.build(), m_by_n, skipped))
+            pruned = keras.models.clone_model(clone, clone_function=_wrap_for_pruning(
+                plan.build(), m_by_n, min_weights, skipped, small))
         except ValueError as e:
             raise TftrainError(f"cannot wrap model {model.name!r} for pruning: {e}") from e
         optimizer = optimizer_fn() if optimizer_fn else None
     if skipped:
         logging.warning("layers TFMOT cannot prune, left dense: %s", ", ".join(skipped))
+    if small:
+        logging.info("layers with fewer than %d kernel weights, left dense: %s", min_weights,
+                     ", ".join(small))
     pruned_names = _pruned_weight_names(pruned)
     if not pruned_names:
-        raise TftrainError(f"model {model.name!r} has no layer TFMOT can prune (Dense, Conv, ...)")
+        hint = (f"; every prunable layer has fewer than {min_weights} kernel weights: lower "
+                "--min_weights_to_prune" if small else "")
+        raise TftrainError(f"model {model.name!r} has no layer TFMOT can prune (Dense, Conv, ...)"
+                           + hint)
     finetune_lib.finetune(pruned, train_data, epochs=epochs, steps_per_epoch=steps_per_epoch,
                           loss=loss, learning_rate=learning_rate, optimizer=optimizer,
                           callbacks=[tfmot.sparsity.keras.UpdatePruningStep()],
                           strategy=strategy, verbose=verbose)
     with finetune_lib.strategy_scope(strategy):
         stripped = tfmot.sparsity.keras.strip_pruning(pruned)
-    return PruneResult(stripped, plan, m_by_n, pruned_names, skipped)
+    return PruneResult(stripped, plan, m_by_n, pruned_names, skipped, small)
 
 
 def m_by_n_ok(kernel: np.ndarray, m_by_n: tuple[int, int]) -> bool | None:
