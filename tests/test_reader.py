@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 from pipelines import load_pipeline
+from pipelines.digits import Pipeline as DigitsPipeline
 from tftrain.data import load, manifest as manifest_lib
 from tftrain.data.reader import load_distributed
 from tftrain.data.writer import write_dataset
@@ -69,9 +70,46 @@ def test_training_pipelines_shard_by_file(digits_dir):
     assert len(shards[0]) + len(shards[1]) == len(_keys(load(digits_dir, "train", 50, training=False)))
 
 
-def test_cache_and_repeat(digits_dir):
-    dataset = load(digits_dir, "test", 20, training=False, cache=True)
-    assert _keys(dataset) == _keys(dataset)
+class Pipeline(DigitsPipeline):
+    """digits, counting the examples it decodes (`load(..., pipeline="tests.test_reader")`)."""
+
+    decoded: list[int] = []
+
+    def decode(self, features, info):
+        images, labels = super().decode(features, info)
+        counted = tf.numpy_function(lambda n: Pipeline.decoded.append(int(n)) or n,
+                                    [tf.shape(labels)[0]], tf.int32)
+        with tf.control_dependencies([counted]):
+            return images, tf.identity(labels)
+
+
+@pytest.mark.parametrize("cache,passes_decoded", [("none", 2), ("records", 2), ("decoded", 1)])
+def test_cache_modes_give_the_same_examples_and_decoded_decodes_once(digits_dir, cache,
+                                                                     passes_decoded):
+    reference = _keys(load(digits_dir, "test", 20, training=False))
+    Pipeline.decoded.clear()
+    dataset = load(digits_dir, "test", 20, training=False, cache=cache, pipeline="tests.test_reader")
+    assert _keys(dataset) == reference and _keys(dataset) == reference  # two passes
+    num_test = manifest_lib.read(digits_dir)["splits"]["test"]["num_examples"]
+    assert sum(Pipeline.decoded) == passes_decoded * num_test
+    # Training: shuffled each epoch, every example once per epoch, from the cache.
+    training = load(digits_dir, "test", 20, training=True, drop_remainder=False, cache=cache, seed=1)
+    epochs = [_keys(training) for _ in range(2)]
+    assert sorted(epochs[0]) == sorted(epochs[1]) == sorted(reference) and epochs[0] != epochs[1]
+
+
+def test_decoded_cache_needs_fixed_shapes(digits_dir):
+    from tftrain.data import reader
+    from tftrain.errors import DataError
+
+    ragged = tf.data.Dataset.from_tensors(tf.zeros([3])).map(lambda x: tf.boolean_mask(x, x > 0))
+    with pytest.raises(DataError, match="data.cache=decoded needs decoded examples of a fixed shape"):
+        reader.check_fixed_shapes(ragged, "p")
+    with pytest.raises(DataError, match="not one of none, records, decoded"):
+        load(digits_dir, "test", 20, training=False, cache="memory")
+
+
+def test_repeat(digits_dir):
     repeated = load(digits_dir, "test", 20, training=True, repeat=True)
     assert len(list(repeated.take(50))) == 50  # more batches than one pass holds
 

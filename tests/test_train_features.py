@@ -71,6 +71,14 @@ def test_grad_accum_and_two_replicas_end_to_end(tmp_path, digits_dir):
     assert exported.name == "mlp"  # the model itself, not the accumulation wrapper
 
 
+def test_decoded_cache_trains_over_two_replicas(tmp_path, digits_dir):
+    config = _config(digits_dir, "data.cache=decoded,runtime.strategy=mirrored,"
+                                 "runtime.cpu_devices=2,train.steps_per_epoch=50")
+    summary = train.train(config, str(tmp_path))  # 2 epochs of 50 steps: the cache is reread
+    assert summary["num_replicas"] == 2 and summary["steps"] == 100
+    assert summary["eval"]["accuracy"] > 0.4  # learned from matching images and labels (chance: 0.1)
+
+
 @pytest.mark.parametrize("policy", ["mixed_float16", "mixed_bfloat16"])
 def test_mixed_precision_float32_outputs_finite_loss(tmp_path, digits_dir, policy):
     try:

@@ -24,6 +24,7 @@ STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu", 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SERVICE_MODES = ("parallel_epochs", "distributed_epoch")
+CACHE_MODES = ("none", "records", "decoded")  # what tftrain.data.load keeps in memory
 LR_SCHEDULES = ("constant", "step", "cosine", "plateau")
 MONITORS = ("val_accuracy", "val_loss", "accuracy", "loss")
 
@@ -40,7 +41,7 @@ class DataConfig:
     test_split: str = "test"  # reported in summary.json after training
     batch_size: int = 64  # global batch size, over all replicas and workers
     shuffle_buffer: int = 10_000
-    cache: bool = False
+    cache: str = "none"  # none | records | decoded: kept in memory after the first pass
     service_address: str = ""  # host:port of a tf.data service dispatcher: train input runs there
     service_mode: str = "parallel_epochs"  # parallel_epochs | distributed_epoch (tf.data service)
 
@@ -300,6 +301,7 @@ def validate(config: Config) -> None:
     choice("runtime.mixed_precision", config.runtime.mixed_precision, PRECISIONS)
     choice("train.optimizer", config.train.optimizer, OPTIMIZERS)
     choice("train.lr_schedule", config.train.lr_schedule, LR_SCHEDULES)
+    choice("data.cache", config.data.cache, CACHE_MODES)
     choice("train.monitor", config.train.monitor, MONITORS)
     for key in ("data.batch_size", "data.shuffle_buffer", "train.epochs", "train.steps_per_epoch",
                 "train.steps", "train.learning_rate", "train.steps_per_execution",

@@ -5,6 +5,7 @@ import tensorflow as tf
 from absl import logging
 
 from pipelines import load_pipeline
+from tftrain.config import CACHE_MODES
 from tftrain.data import manifest as manifest_lib
 from tftrain.errors import DataError
 
@@ -43,7 +44,7 @@ def foreign_files(pattern: str, split: str) -> list[str]:
 
 def load(data_dir: str, split: str, batch_size: int, training: bool, *,
          input_context: tf.distribute.InputContext | None = None, shuffle_buffer: int = 10_000,
-         cache: bool = False, drop_remainder: bool | None = None, repeat: bool = False,
+         cache: str = "none", drop_remainder: bool | None = None, repeat: bool = False,
          seed: int | None = None, pipeline: str | None = None,
          pipeline_options: dict | None = None, info: dict | None = None,
          service_address: str = "", service_mode: str = "parallel_epochs") -> tf.data.Dataset:
@@ -56,6 +57,11 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     n-th example (with a warning). When training, shard files are shuffled each epoch and read in parallel in a
     non-deterministic order, then examples are shuffled; evaluation reads in file order.
     Examples are batched first and then parsed and decoded a batch at a time.
+
+    `cache`: "records" keeps the serialized examples in memory after the first pass (no file
+    reads after it); "decoded" keeps the decoded examples (no reads and no decoding after the
+    first pass, at the memory of decoded tensors: 12 KiB per 32x32x3 float32 image), and needs a
+    pipeline whose decoded examples have a fixed shape.
 
     Foreign TFRecords: when `data_dir` has no dataset.json and `pipeline` (a pipeline name) is
     given, `data_dir` is a file pattern (see `foreign_files`), the schema is
@@ -99,7 +105,21 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
         deterministic=not training).unbatch()
     if not per_pipeline_files:
         dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    if cache:
+    spec = parse_spec(manifest.get("features") or pipeline.features(info))
+
+    @tf.autograph.experimental.do_not_convert  # plain TF ops; AutoGraph only warns about closures
+    def parse_and_decode(serialized):
+        return pipeline.decode(tf.io.parse_example(serialized, spec), info)
+
+    if cache not in CACHE_MODES:
+        raise DataError(f"cache={cache!r} is not one of {', '.join(CACHE_MODES)}")
+    if cache == "records":
+        dataset = dataset.cache()
+    if cache == "decoded":  # decoded in batches as usual, then kept one example at a time
+        dataset = dataset.batch(RECORDS_PER_READ).map(
+            parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
+        dataset = dataset.unbatch()
+        check_fixed_shapes(dataset, pipeline.name)
         dataset = dataset.cache()
     if training:
         dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
@@ -111,14 +131,9 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
         # A known size lets Keras evaluate with steps_per_execution > 1 without a step count.
         batches = num_examples // batch_size if drop_remainder else -(-num_examples // batch_size)
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches))
-    spec = parse_spec(manifest.get("features") or pipeline.features(info))
-
-    @tf.autograph.experimental.do_not_convert  # plain TF ops; AutoGraph only warns about closures
-    def parse_and_decode(serialized):
-        return pipeline.decode(tf.io.parse_example(serialized, spec), info)
-
-    dataset = dataset.map(parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE,
-                          deterministic=not training)
+    if cache != "decoded":
+        dataset = dataset.map(parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE,
+                              deterministic=not training)
     if service_address:  # everything above runs on the tf.data service workers
         from tftrain import data_service
 
@@ -130,6 +145,15 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     if input_context is not None:  # sharded above: the strategy must not shard again
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def check_fixed_shapes(dataset: tf.data.Dataset, pipeline_name: str) -> None:
+    """Raises unless every decoded example has a fully known shape (so batches can be re-made)."""
+    for spec in tf.nest.flatten(dataset.element_spec):
+        if not spec.shape.is_fully_defined():
+            raise DataError(
+                f"data.cache=decoded needs decoded examples of a fixed shape, but pipeline "
+                f"{pipeline_name!r} yields {spec.shape}; use data.cache=records instead.")
 
 
 def load_distributed(strategy: tf.distribute.Strategy, data_dir: str, split: str,
