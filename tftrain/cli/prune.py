@@ -21,8 +21,9 @@ flags.DEFINE_enum("pruning_schedule", "polynomial", ["polynomial", "constant"],
 flags.DEFINE_integer("min_weights_to_prune", 2048, "Layers whose kernels hold fewer weights stay "
                      "dense (typically the first convolution and the classifier: little of the "
                      "size, much of the accuracy); 0 prunes every layer.", lower_bound=0)
-flags.DEFINE_float("learning_rate", None, "Fine-tuning learning rate, constant (default: a "
-                   "quarter of the run's train.learning_rate), with the run's optimizer.")
+flags.DEFINE_float("learning_rate", None, "Fine-tuning learning rate at the start, decaying to "
+                   "0 (cosine); default: a quarter of the run's train.learning_rate. The run's "
+                   "optimizer.")
 
 
 def main(argv):

@@ -24,8 +24,8 @@ flags.DEFINE_bool("int8_io", False, "int8/qat: int8 model inputs and outputs ins
 flags.DEFINE_integer("num_calibration_examples", 100, "int8: training examples used to "
                      "calibrate activation ranges.")
 flags.DEFINE_integer("qat_epochs", 1, "qat: quantization-aware fine-tuning epochs.")
-flags.DEFINE_float("qat_learning_rate", None, "qat: learning rate, constant (default: a quarter "
-                   "of the run's train.learning_rate).")
+flags.DEFINE_float("qat_learning_rate", None, "qat: learning rate at the start, decaying to 0 "
+                   "(cosine); default: a quarter of the run's train.learning_rate.")
 flags.DEFINE_integer("tflite_threads", 1, "Interpreter threads for evaluation and latency.")
 
 

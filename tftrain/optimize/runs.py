@@ -86,11 +86,12 @@ def fine_tuning_rate(config: config_lib.Config, learning_rate: float | None) -> 
 
 def _optimizer_fn(config: config_lib.Config, learning_rate: float | None, steps_per_epoch: int,
                   epochs: int):
-    """The run's optimizer (`train.optimizer`) at a constant rate: `learning_rate`, by default a
-    quarter of the run's `train.learning_rate` (fine-tuning starts from a trained model)."""
+    """The run's optimizer (`train.optimizer`), its rate decaying (cosine) from `learning_rate`,
+    by default a quarter of the run's `train.learning_rate` (fine-tuning starts from a trained
+    model), to 0 at the last fine-tuning step, so the model ends settled, not mid-jump."""
     train_config = dataclasses.replace(
         config.train, learning_rate=fine_tuning_rate(config, learning_rate),
-        lr_schedule="constant", warmup_steps=0)
+        lr_schedule="cosine", lr_min=0.0, warmup_steps=0)
     return lambda: optimizers.make_optimizer(train_config, steps_per_epoch,
                                              steps_per_epoch * epochs)
 
