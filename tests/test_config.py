@@ -1,5 +1,6 @@
 """Config: defaults -> file -> flags -> overrides, strict keys and types, validation, params.yaml."""
 import pytest
+import yaml
 
 from tftrain import config as config_lib
 from tftrain.errors import ConfigError
@@ -34,7 +35,6 @@ def test_yaml_file_path_and_nested_override(tmp_path):
     ("train.epoch=3", "unknown config key 'train.epoch'; did you mean train.epochs"),
     ("trian.epochs=3", "did you mean train.epochs"),
     ("data.batch_size=abc", "'data.batch_size' must be of type int, got 'abc'"),
-    ("data.cache=true", "'data.cache' must be of type str"),
     ("data.cache=decode", "data.cache='decode' is not one of none, records, decoded (did you mean 'decoded'?)"),
     ("train.epochs=1.5", "'train.epochs' must be of type int"),
     ("runtime.strategy=mirorred", "runtime.strategy='mirorred' is not one of"),
@@ -75,6 +75,18 @@ def test_params_yaml_round_trip(tmp_path):
     path = tmp_path / "params.yaml"
     path.write_text(config_lib.to_yaml(config))
     assert config_lib.from_yaml_file(str(path)) == config
+
+
+def test_params_yaml_of_an_older_run_with_a_boolean_cache_loads(tmp_path):
+    for old, mode in ((False, "none"), (True, "records")):
+        params = config_lib.to_dict(config_lib.build_config("digits"))
+        params["data"]["cache"] = old  # written before data.cache named what is kept
+        path = tmp_path / "params.yaml"
+        path.write_text(yaml.safe_dump(params))
+        assert config_lib.from_yaml_file(str(path)).data.cache == mode
+    assert config_lib.build_config("digits", overrides="data.cache=true").data.cache == "records"
+    with pytest.raises(ConfigError, match="'train.epochs' must be of type int"):
+        config_lib.build_config("digits", overrides="train.epochs=true")
 
 
 def test_user_model_function_is_checked():

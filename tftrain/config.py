@@ -154,6 +154,10 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     return value
 
 
+# data.cache was true/false before it named what is kept: the params.yaml of older runs loads.
+_LEGACY_VALUES = {("data.cache", False): "none", ("data.cache", True): "records"}
+
+
 def _apply(config: Any, updates: dict, prefix: str = "") -> None:
     """Sets the (nested) `updates` on the dataclass tree `config`, strictly."""
     if not isinstance(updates, dict):
@@ -170,6 +174,8 @@ def _apply(config: Any, updates: dict, prefix: str = "") -> None:
         if dataclasses.is_dataclass(hints[name]):
             _apply(getattr(config, name), value, key + ".")
         else:
+            if isinstance(value, bool):
+                value = _LEGACY_VALUES.get((key, value), value)
             setattr(config, name, _coerce(key, value, hints[name]))
 
 
