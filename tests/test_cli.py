@@ -27,6 +27,19 @@ def test_help_lists_commands_without_importing_tensorflow():
         assert flag in train_help
 
 
+def test_flag_and_config_errors_come_before_tensorflow_starts():
+    probe = ("import sys; from tftrain.cli import run\n"
+             "try:\n    run(['tftrain', *sys.argv[1:]])\nexcept SystemExit as e:\n"
+             "    print('TF-IMPORTED' if 'tensorflow' in sys.modules else 'NO-TF', e.code)\n")
+    for args in (["train", "--params_override=train.bogus=1"], ["prune"], ["inspect"],
+                 ["quantize", "--model_dir=x"], ["evaluate", "--model=x"],
+                 ["convert", "--pipeline=digits"], ["launch", "--num_workers=2"]):
+        result = subprocess.run([PYTHON, "-c", probe, *args], cwd=REPO, capture_output=True,
+                                text=True, timeout=60)
+        assert result.stdout.strip().endswith("NO-TF 2"), (args, result.stdout, result.stderr)
+        assert len(result.stderr.strip().splitlines()) == 1, (args, result.stderr)
+
+
 def test_absl_flags_keep_working(tmp_path):
     helpfull = run_subprocess("train", "--helpfull")
     assert "--flagfile" in helpfull.stdout and "--verbosity" in helpfull.stdout

@@ -3,7 +3,8 @@
 Each command is one module `tftrain.cli.<name>` whose docstring is its help, which defines its
 absl flags at module level and a `main(argv)`. Adding a command is adding one module and one
 line to COMMANDS. Only the chosen command's module is imported, and none of them imports
-TensorFlow at module level, so `--help` is fast.
+TensorFlow at module level, so `--help` is fast; a command starts TensorFlow with
+`quiet_start.import_tensorflow()` once its flags are checked, so bad flags fail fast too.
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import sys
 
 from absl import app, flags, logging
 
-from tftrain import quiet_start
 from tftrain.errors import ConfigError, TftrainError
 
 COMMANDS = {
@@ -89,8 +89,7 @@ def _guarded(name: str, module):
     """Runs a command's main; a TftrainError becomes one line on stderr and its exit code.
 
     Positional arguments are refused here, once for every command, unless the command module
-    sets `ACCEPTS_ARGUMENTS = True` (`launch -- train ...`). TensorFlow is imported here, with its
-    start-up chatter hidden, unless the module sets `USES_TENSORFLOW = False`.
+    sets `ACCEPTS_ARGUMENTS = True` (`launch -- train ...`).
     """
 
     def guarded_main(argv):
@@ -101,8 +100,6 @@ def _guarded(name: str, module):
         try:
             if len(argv) > 1 and not getattr(module, "ACCEPTS_ARGUMENTS", False):
                 raise ConfigError(f"unexpected arguments {argv[1:]}: every option is a --flag")
-            if getattr(module, "USES_TENSORFLOW", True):
-                quiet_start.import_tensorflow()
             return module.main(argv)
         except TftrainError as e:
             print(f"{PROG} {name}: error: {e}", file=sys.stderr)

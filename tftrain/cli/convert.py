@@ -18,6 +18,7 @@ import re
 
 from absl import flags
 
+from tftrain import quiet_start
 from tftrain.cli.common import require, use_flags
 
 FLAGS = flags.FLAGS
@@ -68,6 +69,7 @@ def main(argv):
         from tftrain.data import processes
 
         processes.warm_up()  # workers' TensorFlow import overlaps this process's own
+    quiet_start.import_tensorflow()
     from pipelines import load_pipeline
     from tftrain.data.splits import parse_splits
 

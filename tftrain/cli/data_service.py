@@ -8,6 +8,8 @@ Example: tftrain data_service --dispatcher --port=5050
 """
 from absl import flags
 
+from tftrain import quiet_start
+
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("dispatcher", False, "Start a dispatcher (one per cluster).")
 flags.DEFINE_bool("worker", False, "Start a worker (with --dispatcher: one in the same process).")
@@ -29,6 +31,7 @@ def main(argv):
     if FLAGS.worker and not FLAGS.dispatcher and not FLAGS.dispatcher_address:
         raise ConfigError("--worker needs --dispatcher_address=host:port (or add --dispatcher)")
 
+    quiet_start.import_tensorflow()
     from tftrain import data_service
 
     servers = []

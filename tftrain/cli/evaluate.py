@@ -5,6 +5,7 @@ Example: tftrain evaluate --model=runs/demo/export --data=data/digits --split=te
 """
 from absl import flags
 
+from tftrain import quiet_start
 from tftrain.cli.common import require, use_flags
 
 FLAGS = flags.FLAGS
@@ -15,6 +16,7 @@ flags.DEFINE_integer("batch_size", 256, "Evaluation batch size.")
 
 def main(argv):
     require("model", "data")
+    quiet_start.import_tensorflow()
     from tftrain import evaluate
 
     metrics = evaluate.evaluate(FLAGS.model, FLAGS.data, FLAGS.split, FLAGS.batch_size,

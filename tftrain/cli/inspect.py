@@ -8,6 +8,7 @@ Example: tftrain inspect --data=data/digits --verify
 """
 from absl import flags
 
+from tftrain import quiet_start
 from tftrain.cli.common import require, use_flags
 
 FLAGS = flags.FLAGS
@@ -17,6 +18,7 @@ flags.DEFINE_bool("verify", False, "Check every shard and record against the man
 
 def main(argv):
     require("data")
+    quiet_start.import_tensorflow()
     from tftrain.data import inspection
 
     print(inspection.describe(FLAGS.data))

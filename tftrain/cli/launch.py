@@ -12,7 +12,6 @@ from absl import flags
 
 FLAGS = flags.FLAGS
 ACCEPTS_ARGUMENTS = True  # the command to launch, after `--`
-USES_TENSORFLOW = False  # only the workers do
 flags.DEFINE_integer("num_workers", 2, "How many worker processes to start.", lower_bound=1)
 flags.DEFINE_float("timeout", None, "Stop everything and exit 124 after this many seconds "
                    "(default: no limit; a dead worker still ends the launch at once).")

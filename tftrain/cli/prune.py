@@ -8,6 +8,7 @@ Example: tftrain prune --model_dir=runs/demo --target_sparsity=0.8 --epochs=4
 """
 from absl import flags
 
+from tftrain import quiet_start
 from tftrain.cli.common import require, use_flags
 
 FLAGS = flags.FLAGS
@@ -28,7 +29,8 @@ flags.DEFINE_float("learning_rate", None, "Fine-tuning learning rate at the star
 
 def main(argv):
     require("model_dir")
-    from tftrain.optimize import prune, runs  # starts TensorFlow: only after the flags are valid
+    quiet_start.import_tensorflow()  # only after the flags are valid
+    from tftrain.optimize import prune, runs
 
     prune.check_target_sparsity(FLAGS.target_sparsity)
     prune.parse_m_by_n(FLAGS.sparsity_m_by_n)

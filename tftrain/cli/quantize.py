@@ -11,6 +11,7 @@ Example: tftrain quantize --model_dir=runs/demo --mode=int8,float16
 """
 from absl import flags
 
+from tftrain import quiet_start
 from tftrain.cli.common import require, use_flags
 
 FLAGS = flags.FLAGS
@@ -33,7 +34,8 @@ def main(argv):
     from tftrain.errors import TftrainError
 
     require("model_dir", "mode")
-    from tftrain.optimize import quantize, report, runs  # starts TensorFlow
+    quiet_start.import_tensorflow()
+    from tftrain.optimize import quantize, report, runs
 
     modes = [quantize.check_mode(mode.strip()) for mode in FLAGS.mode]
     try:

@@ -6,6 +6,7 @@ Example: tftrain train --config=digits --params_override='train.epochs=3'
 """
 from absl import flags
 
+from tftrain import quiet_start
 from tftrain.cli.common import use_flags
 
 FLAGS = flags.FLAGS
@@ -39,7 +40,8 @@ def main(argv):
         raise ConfigError(f"multi-worker training ({workers} workers) needs --model_dir, the same "
                           "on every worker (a shared filesystem or gs://)")
 
-    from tftrain import run_dir, train  # starts TensorFlow: only after the config is valid
+    quiet_start.import_tensorflow()  # only after the config is valid (and TF_CONFIG is set)
+    from tftrain import run_dir, train
 
     model_dir = FLAGS.model_dir or run_dir.new_run_dir(FLAGS.config)
     print(f"run directory: {model_dir}", flush=True)

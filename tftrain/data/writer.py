@@ -1,12 +1,13 @@
 """`write_dataset`: converts a pipeline's rows into sharded TFRecord files with a manifest.
 
-Steps: refuse to replace a complete dataset (unless `overwrite`); lock the output directory
-against a second conversion (`output_lock`) and clear leftovers of an interrupted run; `pipeline.prepare`; a first look at the rows (`shard_plan.take_sample`) to
-size the shards; W worker processes (forked from a clean forkserver, see `processes`), each
-reading its own share of the rows and writing its own shards (`shard_worker`); then
-`bad_rows.jsonl` and, last, `dataset.json`. Every shard is written under a temporary name and renamed when complete,
-and the manifest comes last, so an interrupted conversion (Ctrl-C, kill -9, a failed worker)
-never leaves a directory that a reader accepts; the rerun clears what it left and completes.
+Steps: refuse to replace a complete dataset (unless `overwrite`); `pipeline.prepare`; a first
+look at the rows (`shard_plan.take_sample`) to size the shards; lock the output directory
+against a second conversion (`output_lock`) and clear leftovers of an interrupted run; W worker
+processes (forked from a clean forkserver, see `processes`), each reading its own share of the
+rows and writing its own shards (`shard_worker`); then `bad_rows.jsonl` and, last,
+`dataset.json`. Every shard is written under a temporary name and renamed when complete, and
+the manifest comes last, so an interrupted conversion (Ctrl-C, kill -9, a failed worker) never
+leaves a directory that a reader accepts; the rerun clears what it left and completes.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def claim_output_dir(output_dir: str, overwrite: bool) -> Iterator[None]:
     replaced unless `overwrite`, the leftovers of a killed run cleared."""
     tf.io.gfile.makedirs(output_dir)
     with output_lock.exclusive(output_dir):
-        refuse_existing(output_dir, overwrite)
+        refuse_existing(output_dir, overwrite)  # again: another run may have finished meanwhile
         if manifest_lib.exists(output_dir):
             # The manifest goes first: from here on the directory is not a dataset until rewritten.
             tf.io.gfile.remove(join(output_dir, manifest_lib.MANIFEST_NAME))

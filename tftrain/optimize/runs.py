@@ -116,7 +116,8 @@ def _add_latencies(measured: dict, eval_data, num_threads: int) -> None:
 
 def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | None = None,
               epochs: int = 4, schedule: str = "polynomial", learning_rate: float | None = None,
-              min_weights: int = prune.DEFAULT_MIN_WEIGHTS, split: str | None = None, strategy_name: str | None = None, num_threads: int = 1,
+              min_weights: int = prune.DEFAULT_MIN_WEIGHTS, split: str | None = None,
+              strategy_name: str | None = None, num_threads: int = 1,
               max_eval_examples: int | None = None, strategy=None) -> dict:
     """Prunes `model_dir/export` under the run's strategy, data and optimizer; writes `pruned/`.
 
@@ -141,7 +142,8 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
     result = prune.prune_model(
         model, train_data, steps_per_epoch=steps_per_epoch, epochs=epochs,
         target_sparsity=target_sparsity, m_by_n=structure, schedule=schedule,
-        min_weights=min_weights, optimizer_fn=_optimizer_fn(config, learning_rate, steps_per_epoch, epochs),
+        min_weights=min_weights,
+        optimizer_fn=_optimizer_fn(config, learning_rate, steps_per_epoch, epochs),
         strategy=strategy,
         verbose=2 if logging.level_info() else 0)
     after = prune.sparsity_report(result.model, result.pruned_weights, structure)
