@@ -12,7 +12,7 @@ import pytest
 from tests.launch_testutil import Running, pid_alive
 from tftrain import cluster
 from tftrain.errors import ConfigError
-from tftrain.launch import free_ports, tf_config
+from tftrain.launch import free_ports
 
 BOUND = 180
 FOREVER = ["data_service", "--dispatcher"]  # a tftrain command that runs until it is stopped
@@ -95,7 +95,6 @@ def test_launch_needs_a_tftrain_command(cli, capsys):
 def test_tf_config_from_worker_hosts():
     parsed = json.loads(cluster.make_tf_config(["a:1", "b:2"], 1))
     assert parsed == {"cluster": {"worker": ["a:1", "b:2"]}, "task": {"type": "worker", "index": 1}}
-    assert json.loads(tf_config(["a:1", "b:2"], 1)) == parsed
     with pytest.raises(ConfigError, match="--task_index=2 is outside the 2 worker"):
         cluster.make_tf_config(["a:1", "b:2"], 2)
     with pytest.raises(ConfigError, match="'a' is not host:port"):

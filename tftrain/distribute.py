@@ -34,6 +34,7 @@ def create_strategy(runtime: RuntimeConfig) -> tf.distribute.Strategy:
     """Builds the strategy that `runtime.strategy` names."""
     if runtime.cpu_devices > 0:
         configure_cpu_devices(runtime.cpu_devices)
+    cluster.use(runtime.cluster)  # num_workers()/is_chief() now describe this strategy's cluster
     name = runtime.strategy
     if name == "dtensor":  # a DTensor run exports an ordinary model: prune/quantize it as `auto`
         logging.info("runtime.strategy=dtensor is not a tf.distribute strategy: using auto here")
@@ -91,14 +92,15 @@ def _mirrored(runtime):
 
 
 def _multi_worker_mirrored(runtime):
-    parsed = cluster.tf_config()  # a malformed TF_CONFIG is a ConfigError naming it
-    if not parsed:
+    member = cluster.membership()  # the environment was checked before TensorFlow started
+    if not member.source:
         raise ConfigError(
             "strategy multi_worker_mirrored needs the TF_CONFIG environment variable "
             '(e.g. {"cluster": {"worker": ["host1:port", "host2:port"]}, "task": {"type": "worker", '
-            '"index": 0}}) or --worker_hosts=host:port,host:port --task_index=i; '
-            "`tftrain launch --num_workers=N -- train ...` sets it for local runs")
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+            '"index": 0}}), --worker_hosts=host:port,host:port --task_index=i, or one `tftrain '
+            "train` per SLURM task under srun (runtime.cluster=auto or slurm); `tftrain launch "
+            "--num_workers=N -- train ...` sets TF_CONFIG for local runs")
+    resolver = cluster_resolver(member, runtime.cluster_port)
     if len(os.sched_getaffinity(0)) < 2 and not tf.config.threading.get_inter_op_parallelism_threads():
         # On one core TensorFlow would size its inter-op pool to 1 thread: the collectives' network
         # callbacks then wait behind every compute op (measured: 2.5x slower steps).
@@ -108,11 +110,113 @@ def _multi_worker_mirrored(runtime):
     options = tf.distribute.experimental.CommunicationOptions(
         bytes_per_pack=32 << 20,
         implementation=tf.distribute.experimental.CommunicationImplementation.RING)
-    task_type, index = cluster.task()
-    logging.info("multi-worker: %s %d of %d workers %s", task_type, index, cluster.num_workers(),
-                 parsed["cluster"].get("worker"))
+    logging.info("multi-worker (%s): %s %d of %d workers %s", member.source, member.task_type,
+                 member.task_index, member.num_workers, resolver.cluster_spec().as_dict())
     return tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver,
                                                      communication_options=options)
+
+
+def cluster_resolver(member: cluster.Membership, port: int = 0, kubernetes_client=None):
+    """TensorFlow's cluster resolver for `member.source` (see tftrain/cluster.py), checked to agree
+    with `member` (the worker count and this task, as tftrain read them before TensorFlow started).
+
+    Args:
+      member: `cluster.membership()` of a multi-worker source.
+      port: runtime.cluster_port: the first port of the workers' servers for slurm and kubernetes;
+        0 keeps TensorFlow's default (8888 and 8470).
+      kubernetes_client: for kubernetes, a CoreV1Api-like client (TensorFlow's `override_client`);
+        default: the in-cluster client of the `kubernetes` package.
+    """
+    if member.source == "tf_config":
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    elif member.source == "slurm":
+        resolver = _slurm_resolver(member, port)
+    elif member.source == "kubernetes":
+        resolver = _kubernetes_resolver(member, port, kubernetes_client)
+    else:
+        raise ValueError(f"no cluster resolver for source {member.source!r}")
+    try:
+        spec = resolver.cluster_spec().as_dict()
+    except RuntimeError as e:  # e.g. Kubernetes: 'Pod "x" is not running; phase: "Pending"'
+        raise TftrainError(f"runtime.cluster={member.source}: TensorFlow's "
+                           f"{type(resolver).__name__} cannot list the workers: {e}") from None
+    found = len(spec.get("worker", [])) + len(spec.get("chief", []))
+    seen = (resolver.task_type, resolver.task_id)
+    if (found, seen) != (member.num_workers, (member.task_type, member.task_index)):
+        raise TftrainError(
+            f"runtime.cluster={member.source}: TensorFlow's {type(resolver).__name__} sees "
+            f"{found} worker(s) {spec} and this process as {seen[0]} {seen[1]}, but the "
+            f"environment says {member.num_workers} worker(s) and {member.task_type} "
+            f"{member.task_index}")
+    return resolver
+
+
+def _slurm_resolver(member: cluster.Membership, port: int):
+    """SlurmClusterResolver: worker i is SLURM task i; the tasks of a node listen on port,
+    port+1, ... of that node (the node names come from SLURM_STEP_NODELIST)."""
+    ports = {"port_base": port} if port else {}
+    slurm_env = ", ".join(f"{name}={os.environ.get(name)!r}" for name in cluster.SLURM_VARS)
+    try:
+        if _visible_gpus():
+            # TensorFlow splits the node's GPUs among its tasks (it sets CUDA_VISIBLE_DEVICES).
+            resolver = tf.distribute.cluster_resolver.SlurmClusterResolver(**ports)
+            spec = resolver.cluster_spec()
+        else:
+            # No GPUs: TensorFlow cannot be told so (gpus_per_node=0 fails in cluster_spec(), TF
+            # issue #56894). Give each task a nominal GPU slot that is never used (auto_set_gpu
+            # off), then hand the resolved cluster on with no accelerators: one CPU replica per
+            # worker.
+            slurm = tf.distribute.cluster_resolver.SlurmClusterResolver(
+                gpus_per_node=member.num_workers, gpus_per_task=1, auto_set_gpu=False, **ports)
+            spec = slurm.cluster_spec()
+            resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+                spec, task_type=slurm.task_type, task_id=slurm.task_id, num_accelerators={},
+                rpc_layer=slurm.rpc_layer)
+    except (RuntimeError, ValueError) as e:
+        raise ConfigError(f"TensorFlow's SlurmClusterResolver cannot resolve this SLURM step "
+                          f"({e}) from {slurm_env}") from None
+    # It assumes block distribution and nodes that sort in node-list order: check that it put
+    # this task on the node it runs on.
+    node = os.environ.get("SLURMD_NODENAME")
+    address = spec.task_address(resolver.task_type, resolver.task_id)
+    if node and address.rpartition(":")[0] != node:
+        raise ConfigError(
+            f"TensorFlow's SlurmClusterResolver gives task {resolver.task_id} the address "
+            f"{address}, but it runs on {node} (SLURMD_NODENAME): it numbers tasks node by node "
+            f"in sorted node order ({slurm_env}); fix: srun --distribution=block (the default) "
+            "on nodes whose names sort in node-list order (zero-padded numbers do)")
+    return resolver
+
+
+def _visible_gpus() -> bool:
+    """Whether SlurmClusterResolver would find GPUs on this node. Asked as it does (from
+    CUDA_VISIBLE_DEVICES, else nvidia-smi), since starting TensorFlow's GPU runtime to ask would
+    make it ignore the CUDA_VISIBLE_DEVICES that the resolver then sets."""
+    import shutil
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return visible.strip() not in ("", "-1")
+    return shutil.which("nvidia-smi") is not None
+
+
+def _kubernetes_resolver(member: cluster.Membership, port: int, client=None):
+    """KubernetesClusterResolver over the pods that TFTRAIN_K8S_SELECTOR selects (their node
+    IPs, sorted by pod name); this pod is worker JOB_COMPLETION_INDEX, which TensorFlow's
+    resolver cannot know by itself."""
+    if client is None:
+        from kubernetes import client as k8s_client
+        from kubernetes import config as k8s_config
+
+        # The resolver's own client would read a kubeconfig file, which a pod does not have.
+        k8s_config.load_incluster_config()
+        client = k8s_client.CoreV1Api()
+    selector = os.environ.get(cluster.K8S_SELECTOR) or cluster.K8S_DEFAULT_SELECTOR
+    ports = {"tf_server_port": port} if port else {}
+    resolver = tf.distribute.cluster_resolver.KubernetesClusterResolver(
+        {"worker": [selector]}, override_client=client, **ports)
+    resolver.task_type, resolver.task_id = member.task_type, member.task_index
+    return resolver
 
 
 def _tpu(runtime):
@@ -144,8 +248,9 @@ def _tpu(runtime):
     return tf.distribute.TPUStrategy(resolver)
 
 
-_TPU_HINT = ("On a Cloud TPU VM use --tpu=local with tensorflow-tpu installed (pip install "
-             "'tftrain[tpu]'); for a TPU node give its name or grpc://host:8470 (see docs/tpu.md)")
+_TPU_HINT = ("On a Cloud TPU VM use --tpu=local with tensorflow-tpu installed in place of "
+             "tensorflow (the commands are in docs/tpu.md); for a TPU node give its name or "
+             "grpc://host:8470")
 
 
 def _first_line(error: BaseException) -> str:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import os
 import signal
 import socket
@@ -23,6 +22,8 @@ import sys
 import threading
 import time
 from typing import IO, Optional
+
+from tftrain import cluster
 
 LAUNCHER = "[launch]"
 TAIL_LINES = 15
@@ -43,11 +44,6 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in sockets:
             s.close()
-
-
-def tf_config(hosts: list[str], index: int) -> str:
-    """The TF_CONFIG of worker `index` in a cluster of `hosts`."""
-    return json.dumps({"cluster": {"worker": hosts}, "task": {"type": "worker", "index": index}})
 
 
 @dataclasses.dataclass
@@ -127,7 +123,7 @@ class Launcher:
         self._stop_signal = signum
 
     def _start(self, index: int, hosts: list[str]) -> Worker:
-        env = dict(self.env, TF_CONFIG=tf_config(hosts, index), PYTHONUNBUFFERED="1")
+        env = dict(self.env, TF_CONFIG=cluster.make_tf_config(hosts, index), PYTHONUNBUFFERED="1")
         cpus = sorted(os.sched_getaffinity(0))
         core = cpus[index % len(cpus)] if self.pin_cpus else None
 
