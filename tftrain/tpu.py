@@ -1,33 +1,40 @@
 """TPU readiness: what must hold before a TPUStrategy run starts, checked before training.
 
-Errors (the run would fail or recompile on every step): the global batch must split evenly over
-the replicas, and the training batches must have fully static shapes (`drop_remainder=True`).
-Advice (the run works, but slowly): `mixed_bfloat16` (or `auto`) precision, and
-`train.steps_per_execution` > 1 so that one host call runs many TPU steps.
+Two moments. Before connecting, `tftrain.check.before_connecting` (called first in
+`train.run`) checks what needs no TensorFlow op: storage, precision, the batch split over the
+replicas the environment names (else 8 assumed), and Python calls in the pipeline's decode
+source. After connecting, `check_ready` checks what needs the real replica count and the built
+input pipeline, before the model is built: the batch split over the real cores, static shapes
+of one replica's training batches (`drop_remainder=True`), Python functions in the pipeline's
+graph (fine on a TPU VM, an error where a TPU node's hosts run the input), and evaluation
+splits that the dropped partial batch would leave empty. Errors raise ConfigError; advice
+(bfloat16, `train.steps_per_execution` > 1, ...) is logged and returned. The checks themselves
+live in `tftrain.check`, which `tftrain check` runs without a TPU.
 """
 from __future__ import annotations
 
-import tensorflow as tf
-from absl import logging
-
 from tftrain import config as config_lib
-from tftrain.errors import ConfigError
+from tftrain.check import batch, input_pipeline, precision, raise_errors
+from tftrain.check.report import Target
 
 
-def check_ready(config: config_lib.Config, strategy: tf.distribute.Strategy) -> list[str]:
+def check_ready(config: config_lib.Config, strategy) -> list[str]:
     """Checks a TPU run before it starts (no-op for other strategies); returns the advice given."""
+    from tftrain.data import foreign
     from tftrain.distribute import strategy_name
 
     if strategy_name(strategy) != "tpu":
         return []
-    from tftrain.data import reader
-
-    replicas = strategy.num_replicas_in_sync
-    config_lib.check_divisible(config.data.batch_size, replicas)
-    per_replica = config.data.batch_size // replicas
-    # The same reader call as training's (training batches drop the remainder).
-    spec = reader.load(config.data.dir, config.data.train_split, per_replica, training=True).element_spec
-    return check_static(spec, config, replicas)
+    target = Target("tpu", strategy.num_replicas_in_sync, tpu=config.runtime.tpu or "local")
+    # Foreign TFRecords (data.format=tfrecord) would be counted again: their partial batches
+    # are not checked here.
+    manifest = foreign.read_manifest(config.data) if config.data.format != "tfrecord" else None
+    findings = batch.check(config, target, manifest)
+    # One replica's training dataset, built as training builds it (in a throwaway graph: the
+    # pipeline's ops are read, none is run).
+    findings += input_pipeline.check(config, target)
+    findings += precision.check(config, target)
+    return raise_errors(findings, "TPU check")
 
 
 def check_static(element_spec, config: config_lib.Config, replicas: int) -> list[str]:
@@ -35,33 +42,8 @@ def check_static(element_spec, config: config_lib.Config, replicas: int) -> list
 
     `element_spec` is that of one replica's training dataset.
     """
-    config_lib.check_divisible(config.data.batch_size, replicas)
-    for path, spec in _flatten(element_spec):
-        if isinstance(spec, tf.RaggedTensorSpec) or isinstance(spec, tf.SparseTensorSpec):
-            raise ConfigError(f"TPU needs dense, static shapes; the training input {path} is "
-                              f"{type(spec).__name__}: pad it to a fixed length in the pipeline")
-        if not spec.shape.is_fully_defined():
-            batch_dim_unknown = spec.shape.rank and spec.shape[0] is None
-            fix = ("batch with drop_remainder=True" if batch_dim_unknown else
-                   "resize or pad it to a fixed shape in the pipeline's decode")
-            raise ConfigError(f"TPU needs static shapes; the training input {path} has shape "
-                              f"{spec.shape}: {fix}")
-    advice = []
-    if config.runtime.mixed_precision == "float32":
-        advice.append("runtime.mixed_precision=float32 on TPU: mixed_bfloat16 (or auto) is the "
-                      "usual choice, about twice as fast with the same accuracy for most models")
-    if config.train.steps_per_execution == 1:
-        advice.append("train.steps_per_execution=1 on TPU: every step returns to the host; set it "
-                      "to e.g. 50-200 (or the steps per epoch) to keep the TPU busy")
-    for line in advice:
-        logging.warning("%s", line)
-    return advice
-
-
-def _flatten(spec, path: str = "element"):
-    """(path, TypeSpec) pairs of a nested (features, label) element spec."""
-    if isinstance(spec, dict):
-        return [pair for key in sorted(spec) for pair in _flatten(spec[key], f"{path}[{key!r}]")]
-    if isinstance(spec, (tuple, list)):
-        return [pair for i, item in enumerate(spec) for pair in _flatten(item, f"{path}[{i}]")]
-    return [(path, spec)]
+    target = Target("tpu", replicas, tpu=config.runtime.tpu or "local")
+    findings = [batch.split(config, target)]
+    findings += input_pipeline.static_shape_findings(element_spec)
+    findings += precision.check(config, target) + [batch.steps_per_execution(config, None)]
+    return raise_errors(findings, "TPU check")

@@ -1,0 +1,313 @@
+"""`tftrain check`: every check failed on purpose and passed, the shipped configs on the targets
+their headers claim, and `train --strategy=tpu` stopping before it connects.
+
+Real TensorFlow throughout: real tf.data graphs, real XLA compiles on the CPU, real models.
+"""
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from pipelines import load_pipeline
+from tests.conftest import REPO
+from tests.launch_testutil import Running
+from tftrain import models
+from tftrain import config as config_lib
+from tftrain.check import batch, hardware, input_pipeline, memory, precision, storage
+from tftrain.check.report import ADVICE, ERROR, OK, Target
+from tftrain.data import reader
+from tftrain.data.writer import write_dataset
+from tftrain.errors import ConfigError
+
+TPU_VM = Target("tpu", 8, "v5e", "local")
+TPU_NODE = Target("tpu", 8, "v3", "grpc://10.0.0.2:8470")
+CPU = Target("cpu", 1)
+PY_MODEL = "model.name=tests.check_fixtures:py_function_model,model.params={}"
+
+
+def _config(overrides: str = "", name: str = "digits"):
+    return config_lib.build_config(name, {}, overrides)
+
+
+def _statuses(findings):
+    return [f.status for f in findings]
+
+
+@pytest.fixture(scope="module")
+def default_digits(tmp_path_factory):
+    """digits converted as `train` converts it on first use (one shard per small split)."""
+    path = str(tmp_path_factory.mktemp("check") / "digits")
+    write_dataset(load_pipeline("digits"), "", path, progress=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def python_decode_dir(tmp_path_factory):
+    """digits converted with tests.check_fixtures, whose decode calls tf.py_function."""
+    path = str(tmp_path_factory.mktemp("check") / "python_decode")
+    write_dataset(load_pipeline("tests.check_fixtures"), "", path, workers=1, progress=False)
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _no_accelerator_type(monkeypatch):
+    monkeypatch.delenv(hardware.ACCELERATOR_ENV, raising=False)
+
+
+# -- storage --------------------------------------------------------------------------------
+
+def test_storage_fails_for_local_paths_on_a_tpu_node():
+    findings = storage.check(_config("data.dir=data/digits"), TPU_NODE, "runs/x")
+    assert _statuses(findings) == [ERROR, ERROR]
+    assert "data.dir=data/digits is on this machine's disk" in findings[0].line()
+    assert "grpc://10.0.0.2:8470" in findings[0].line() and "gs://" in findings[0].fix
+    assert "--model_dir=runs/x is local" in findings[1].line()
+
+
+def test_storage_passes_gcs_everywhere_and_local_paths_that_exist_on_a_tpu_vm():
+    config = _config("data.dir=gs://bucket/digits")
+    assert _statuses(storage.check(config, TPU_NODE, "gs://bucket/run")) == [OK, OK]
+    vm = storage.check(_config(), TPU_VM, "gs://bucket/run")
+    assert vm[0].status == OK and "converted on first use" in vm[0].what
+    # a dataset nothing converts: it is there only if copied, which the check cannot know
+    copied = storage.check(_config("data.pipeline=csv"), TPU_VM, None)
+    assert copied[0].status == ADVICE and "only if you copy it" in copied[0].what
+    assert copied[1].status == ADVICE and "deleted with the VM" in copied[1].what
+
+
+# -- precision ------------------------------------------------------------------------------
+
+def test_precision_fails_float16_on_tpu():
+    (finding,) = precision.check(_config("runtime.mixed_precision=mixed_float16"), TPU_VM)
+    assert finding.status == ERROR
+    assert "no fast float16" in finding.what and "mixed_bfloat16" in finding.fix
+
+
+def test_precision_passes_bfloat16_on_tpu_and_advises_elsewhere():
+    assert _statuses(precision.check(_config("runtime.mixed_precision=mixed_bfloat16"),
+                                     TPU_VM)) == [OK]
+    assert _statuses(precision.check(_config("runtime.mixed_precision=auto"), TPU_VM)) == [OK]
+    assert precision.policy_for(_config("runtime.mixed_precision=auto"), TPU_VM) == "mixed_bfloat16"
+    assert _statuses(precision.check(_config(), TPU_VM)) == [ADVICE]  # float32
+    (gpu,) = precision.check(_config("runtime.mixed_precision=mixed_bfloat16"), Target("gpu", 1))
+    assert gpu.status == ADVICE and "Ampere" in gpu.what
+
+
+# -- batch ----------------------------------------------------------------------------------
+
+def test_batch_fails_when_it_does_not_split_over_the_cores():
+    finding = batch.split(_config("data.batch_size=100"), TPU_VM)
+    assert finding.status == ERROR
+    assert "(100)" in finding.what and "(8)" in finding.what and "use 96 or 104" in finding.what
+
+
+def test_batch_passes_an_even_split_and_explains_steps_per_execution():
+    config = _config("data.batch_size=128")
+    assert batch.split(config, TPU_VM).what.startswith("data.batch_size=128 over 8 TPU chips: 16")
+    manifest = {"splits": {"train": {"num_examples": 1426}}}
+    assert batch.steps_per_execution(config, manifest).status == ADVICE  # 1: back to the host
+    config.train.steps_per_execution = 11
+    finding = batch.steps_per_execution(config, manifest)
+    assert finding.status == OK and "an epoch of 11 steps takes 1 host call" in finding.what
+
+
+def test_batch_fails_an_evaluation_split_smaller_than_one_batch():
+    manifest = {"splits": {"validation": {"num_examples": 182}, "test": {"num_examples": 189}}}
+    findings = batch.partial_batches(_config("data.batch_size=256"), manifest)
+    assert _statuses(findings) == [ERROR, ERROR]
+    assert "nothing of it is evaluated" in findings[0].what
+    findings = batch.partial_batches(_config("data.batch_size=26"), manifest)
+    assert _statuses(findings) == [OK, ADVICE]  # 182 = 7 x 26; 189 leaves 7 out
+    assert "7 examples are not evaluated" in findings[1].what
+
+
+# -- input pipeline -------------------------------------------------------------------------
+
+def test_input_fails_a_python_decode_on_a_tpu_node(python_decode_dir):
+    config = _config(f"data.dir={python_decode_dir}")
+    findings = input_pipeline.check(config, TPU_NODE)
+    assert findings[0].status == ERROR
+    assert "tf.py_function (EagerPyFunc) in Dataset.map(parse_and_decode)" in findings[0].what
+    assert findings[1].status == OK  # its shapes are static
+    on_a_vm = input_pipeline.check(config, TPU_VM)[0]  # the VM's own process runs the pipeline
+    assert on_a_vm.status == ADVICE and "GIL" in on_a_vm.what
+    with_service = _config(f"data.dir={python_decode_dir},data.service_address=localhost:5050")
+    assert input_pipeline.check(with_service, CPU)[0].status == ERROR
+
+
+def test_input_passes_the_digits_pipeline(digits_dir):
+    findings = input_pipeline.check(_config(f"data.dir={digits_dir}"), TPU_NODE)
+    assert _statuses(findings) == [OK, OK]
+    assert "(4, 8, 8, 1) float32, (4,) int32" in findings[1].what  # digits: 32 over 8 cores
+
+
+def test_input_graph_scan_names_every_kind_of_python_function():
+    import numpy as np
+    import tensorflow as tf
+
+    def build():
+        generated = tf.data.Dataset.from_generator(lambda: iter([1.0]), output_signature=(
+            tf.TensorSpec([], tf.float32)))
+        return generated.map(lambda x: tf.numpy_function(np.square, [x], tf.float32))
+
+    found = input_pipeline.graph_python_ops(build)
+    assert ("GeneratorDataset", "Dataset.from_generator") in found
+    assert any(op == "PyFunc" and where.startswith("Dataset.map(") for op, where in found), found
+    plain = input_pipeline.graph_python_ops(lambda: tf.data.Dataset.range(3).map(lambda x: x * 2))
+    assert plain == []
+
+
+def test_input_source_scan_finds_the_python_call_without_tensorflow_ops():
+    found = input_pipeline.source_python_calls(load_pipeline("tests.check_fixtures"))
+    assert found == [("py_function", "tests.check_fixtures.Pipeline.decode -> scale_in_python")]
+    assert input_pipeline.source_python_calls(load_pipeline("digits")) == []
+
+
+def test_input_fails_dynamic_batch_shapes_and_passes_static_ones(digits_dir):
+    dynamic = reader.load(digits_dir, "train", 8, training=True, drop_remainder=False)
+    findings = input_pipeline.static_shape_findings(dynamic.element_spec)  # images and labels
+    assert _statuses(findings) == [ERROR, ERROR]
+    assert all(f.fix == "batch with drop_remainder=True" for f in findings)
+    assert "element[0] has shape (None, 8, 8, 1)" in findings[0].what
+    static = reader.load(digits_dir, "train", 8, training=True)
+    assert _statuses(input_pipeline.static_shape_findings(static.element_spec)) == [OK]
+
+
+# -- memory ---------------------------------------------------------------------------------
+
+def _estimate(config, target):
+    import tensorflow as tf
+
+    with tf.Graph().as_default():  # variables are declared, not allocated: any size is cheap
+        model = models.build_model(config.model.name, config.model.params, (8, 8, 1), 10)
+        policy = precision.policy_for(config, target)
+        return memory.estimate(model, config, target, policy), policy
+
+
+def test_memory_fails_a_large_model_with_a_large_batch_on_v2():
+    config = _config("model.name=mlp,model.params={hidden_units: [8192, 8192, 8192]},"
+                     "data.batch_size=262144")
+    target = Target("tpu", 8, "v2", "local")
+    found, policy = _estimate(config, target)
+    assert found.params == 134_848_522 and found.slots == 2 and found.batch == 32768
+    finding = memory.check(found, config, target, policy)
+    assert finding.status == ERROR and "does not fit" in finding.what
+    assert "8 GiB HBM of a v2 TPU core" in finding.what
+    assert "data.batch_size <= " in finding.fix and "mixed_bfloat16" in finding.fix
+    assert "DTensor" in finding.fix
+
+
+def test_memory_passes_the_digits_cnn_on_v5e():
+    config = _config("runtime.mixed_precision=mixed_bfloat16")
+    found, policy = _estimate(config, TPU_VM)
+    finding = memory.check(found, config, TPU_VM, policy)
+    assert finding.status == OK and finding.what.startswith("fits: ~")
+    assert "of the 16 GiB HBM of a v5e TPU chip" in finding.what
+
+
+# -- hardware -------------------------------------------------------------------------------
+
+def test_accelerator_types_name_replicas_as_tpu_strategy_counts_them(monkeypatch):
+    assert hardware.parse_accelerator_type("v3-8") == ("v3", 8)  # cores
+    assert hardware.parse_accelerator_type("v4-8") == ("v4", 4)  # 8 TensorCores = 4 chips
+    assert hardware.parse_accelerator_type("v5p-16") == ("v5p", 8)
+    assert hardware.parse_accelerator_type("v5litepod-8") == ("v5e", 8)  # chips
+    with pytest.raises(ConfigError, match="not a TPU accelerator type"):
+        hardware.parse_accelerator_type("v9-8")
+    assert hardware.tpu_from_environment()[:2] == ("", 8)
+    monkeypatch.setenv(hardware.ACCELERATOR_ENV, "v4-8")
+    assert hardware.tpu_from_environment() == ("v4", 4, "")
+
+
+# -- the command ----------------------------------------------------------------------------
+
+def _shipped_targets():
+    for name in sorted(f[:-5] for f in os.listdir(config_lib.CONFIG_DIR) if f.endswith(".yaml")):
+        with open(os.path.join(config_lib.CONFIG_DIR, name + ".yaml")) as f:
+            header = [line for line in f.read().splitlines() if line.startswith("#")]
+        claims = [re.match(r"# Targets: ([\w, ]+)", line) for line in header]
+        targets = next((m.group(1) for m in claims if m), "")
+        assert targets, f"configs/{name}.yaml claims no targets (# Targets: ...)"
+        for target in targets.replace(",", " ").split():
+            yield name, target
+
+
+@pytest.mark.parametrize("name,target", list(_shipped_targets()))
+def test_every_shipped_config_passes_the_targets_it_claims(name, target, default_digits, cli,
+                                                           capsys):
+    assert cli("check", f"--config={name}", f"--target={target}",
+               f"--params_override=data.dir={default_digits}") == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].startswith("summary: 0 errors,"), lines
+    assert all(line.split()[0] in (OK, ADVICE) for line in lines[:-1]), lines
+    assert any(line.startswith("ok     xla       train step") for line in lines), lines
+
+
+def test_the_command_reports_every_failure_one_line_each(python_decode_dir, cli, capsys):
+    code = cli("check", "--config=digits_tpu", "--tpu=grpc://10.0.0.2:8470", "--tpu_type=v3",
+               "--model_dir=runs/x", f"--params_override=data.dir={python_decode_dir},"
+               f"data.batch_size=100,runtime.mixed_precision=mixed_float16,{PY_MODEL}")
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert code == 1, lines
+    errors = {line.split()[1] for line in lines if line.startswith("error")}
+    assert errors == {"storage", "precision", "batch", "input", "xla"}, lines
+    xla_line = next(line for line in lines if line.startswith("error  xla       train step"))
+    assert "op EagerPyFunc (layer 'python_step' (Lambda)" in xla_line
+    assert re.search(r"created at \S*tests/check_fixtures.py:\d+ in python_step; fix: ", xla_line)
+    assert lines[-1].startswith("summary: 7 errors,") and "would fail" in lines[-1]
+    assert "tpu v3 (grpc://10.0.0.2:8470), 8 TPU cores" in lines[-1]
+
+
+def test_an_unreadable_bucket_skips_the_data_checks_and_says_so(cli, capsys, monkeypatch):
+    monkeypatch.setenv(hardware.ACCELERATOR_ENV, "v4-8")  # as on the TPU VM: the default slice
+    assert cli("check", "--config=digits_tpu") == 0  # gs://YOUR_BUCKET: a placeholder
+    out = capsys.readouterr().out
+    (data,) = [line for line in out.splitlines() if line.startswith("advice data")]
+    # No network here: "cannot read ... from here"; with one, the bucket holds no dataset.
+    assert "data.dir=gs://YOUR_BUCKET/data/digits" in data
+    assert "skipped the checks that need the data" in data
+    assert "ok     input     the decode of data.pipeline=digits, read from its source" in out
+    assert out.strip().splitlines()[-1].endswith("for tpu v4 (local), 4 TPU chips: ready "
+                                                 "(see the advice above)")
+
+
+def test_bad_flags_exit_2(cli, capsys):
+    assert cli("check", "--target=cpu", "--tpu_cores=4") == 2
+    assert "--tpu_cores and --tpu_type are for --target=tpu" in capsys.readouterr().err
+    assert cli("check", "--tpu_cores=0") == 2
+
+
+# -- train --strategy=tpu -------------------------------------------------------------------
+
+def test_train_on_tpu_stops_before_connecting(default_digits, tmp_path):
+    run = Running(["train", "--config=digits_tpu", f"--model_dir={tmp_path / 'run'}",
+                   f"--params_override=data.dir={default_digits},data.batch_size=100"],
+                  cwd=tmp_path, env={hardware.ACCELERATOR_ENV: ""})
+    try:
+        code = run.wait(120)
+    finally:
+        run.kill_all()
+    errors = [line for line in run.lines if line.startswith("tftrain train: error:")]
+    assert code == 2 and len(errors) == 1, run.output
+    assert "before connecting to the TPU: 8 TPU cores (assumed" in errors[0]
+    assert "data.batch_size (100) must be divisible" in errors[0]
+    assert "cannot reach TPU" not in run.output and not (tmp_path / "run").exists()
+
+
+def test_the_check_before_connecting_runs_no_tensorflow_op():
+    """The TPU must be initialized first: the eager context is still unstarted afterwards."""
+    script = (
+        "import tftrain; from tftrain import quiet_start; quiet_start.import_tensorflow()\n"
+        "from tensorflow.python.eager import context\n"
+        "from tftrain import check, config\n"
+        "c = config.build_config('digits_tpu', {}, 'data.pipeline=tests.check_fixtures')\n"
+        "report = check.before_connecting(c, 'gs://b/run')\n"
+        "assert report.target.replicas == 4, report.target  # from TPU_ACCELERATOR_TYPE\n"
+        "assert any('py_function' in f.what for f in report.findings), report.findings\n"
+        "assert context.context()._context_handle is None, 'the runtime started'\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, hardware.ACCELERATOR_ENV: "v4-8"},
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]

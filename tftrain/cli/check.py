@@ -1,0 +1,88 @@
+"""Dry-run a config for a target before paying for it; never connects to a TPU.
+
+Checks, on this machine's CPU: storage the target can read and write (data.dir, --model_dir),
+the precision policy, the global batch over the replicas (and the partial last batch on TPU),
+Python functions and dynamic shapes in the input pipeline, one replica's memory against its
+HBM (TPU), and the real train and eval steps on one real batch (compiled by XLA for a TPU
+target). One line per finding (ok, advice, error: what, where, the fix), then a summary; exit
+code 1 when anything would fail. The data checks need the converted dataset; the check never
+converts (pass --params_override=data.dir=<a local copy> to check a gs:// config here).
+Example: tftrain check --config=digits_tpu --params_override=data.dir=data/digits --target=tpu
+         --tpu_type=v4 --tpu_cores=4
+"""
+from absl import flags
+
+from tftrain import quiet_start
+from tftrain.cli.common import use_flags
+
+FLAGS = flags.FLAGS
+use_flags(__name__, "config", "params_override", "model_dir", "tpu")
+flags.DEFINE_enum("target", None, ["tpu", "gpu", "cpu", "multi_worker"],
+                  "Where the run would go (default: from runtime.strategy and runtime.tpu: tpu, "
+                  "multi_worker for multi_worker_mirrored, else cpu).")
+flags.DEFINE_integer("tpu_cores", 8, "--target=tpu: the TPUStrategy replicas, i.e. TPU cores on "
+                     "v2/v3 (v3-8: 8) and chips from v4 on (v4-8: 4, v5litepod-8: 8). Default: "
+                     "from TPU_ACCELERATOR_TYPE when it is set, else 8.", lower_bound=1)
+flags.DEFINE_enum("tpu_type", "v5e", ["v2", "v3", "v4", "v5e", "v5p", "v6e"],
+                  "--target=tpu: the TPU generation, for the memory per core (HBM). Default: from "
+                  "TPU_ACCELERATOR_TYPE when it is set, else v5e.")
+flags.DEFINE_integer("replicas", None, "--target=gpu|cpu|multi_worker: the replica count (GPUs, "
+                     "or workers x devices); default: 1, the mesh's batch dimension for dtensor, "
+                     "runtime.cpu_devices for mirrored, the cluster's workers (runtime.cluster; "
+                     "else 2) for multi_worker.", lower_bound=1)
+
+
+def main(argv):
+    from tftrain import config as config_lib
+
+    flag_values = {"runtime.tpu": FLAGS.tpu} if FLAGS.tpu is not None else {}
+    config = config_lib.build_config(FLAGS.config, flag_values, FLAGS.params_override)
+    from tftrain import cluster
+
+    cluster.use(config.runtime.cluster)  # the workers of TF_CONFIG, SLURM, ... as train sees them
+    target = make_target(config)
+    quiet_start.import_tensorflow()  # only after the flags and config are valid
+    from tftrain import check
+
+    report = check.run(config, target, FLAGS.model_dir,
+                       config_lib.conversion_allowed(config, FLAGS.params_override))
+    for line in report.lines():
+        print(line)
+    return report.exit_code
+
+
+def make_target(config):
+    """The `Target` of the flags (and, by default, of the config's strategy)."""
+    from tftrain import cluster, dtensor_layouts
+    from tftrain.check import hardware
+    from tftrain.check.report import Target
+    from tftrain.errors import ConfigError
+
+    runtime = config.runtime
+    kind = FLAGS.target or (
+        "tpu" if runtime.strategy == "tpu" or (runtime.strategy == "auto" and runtime.tpu) else
+        "multi_worker" if runtime.strategy == "multi_worker_mirrored" else "cpu")
+    if kind == "tpu":
+        if FLAGS["replicas"].present:
+            raise ConfigError("--replicas is for gpu, cpu and multi_worker; a TPU's replicas are "
+                              "--tpu_cores")
+        tpu_type, cores = FLAGS.tpu_type, FLAGS.tpu_cores
+        env_type, env_cores, assumed = hardware.tpu_from_environment()
+        if not assumed:  # TPU_ACCELERATOR_TYPE names the slice (on the TPU VM, on GKE)
+            tpu_type = tpu_type if FLAGS["tpu_type"].present else env_type
+            cores = cores if FLAGS["tpu_cores"].present else env_cores
+        return Target("tpu", cores, tpu_type, runtime.tpu or "local")
+    if FLAGS["tpu_cores"].present or FLAGS["tpu_type"].present:
+        raise ConfigError(f"--tpu_cores and --tpu_type are for --target=tpu, not {kind}; "
+                          "give --replicas")
+    replicas = FLAGS.replicas
+    if replicas is None:
+        if runtime.strategy == "dtensor":
+            replicas = dtensor_layouts.parse_mesh(runtime.mesh)[dtensor_layouts.BATCH]
+        elif runtime.strategy == "mirrored" and runtime.cpu_devices > 1:
+            replicas = runtime.cpu_devices
+        elif kind == "multi_worker":
+            replicas = cluster.num_workers() if cluster.num_workers() > 1 else 2
+        else:
+            replicas = 1
+    return Target(kind, replicas)
