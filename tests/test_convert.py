@@ -19,7 +19,8 @@ from PIL import Image
 from pipelines import load_pipeline
 from pipelines.base import BasePipeline, Row
 from tftrain.data import manifest as manifest_lib
-from tftrain.data import output_lock, shard_plan
+from tftrain import dir_lock, ownership
+from tftrain.data import shard_plan
 from tftrain.data.progress import Progress
 from tftrain.data.splits import assign_split
 from tftrain.data.writer import write_dataset
@@ -89,8 +90,10 @@ def records(data_dir, split):
 
 
 def output_names(path):
-    """The directory's files, without the conversion lock file (which stays, see output_lock)."""
-    return sorted(n for n in os.listdir(path) if n != output_lock.LOCK_NAME)
+    """The directory's files, without the lock file (which stays, see dir_lock) and the
+    conversion marker (which stays after a failure, claiming bad_rows.jsonl for the rerun)."""
+    return sorted(n for n in os.listdir(path)
+                  if n not in (dir_lock.CONVERT_LOCK, ownership.CONVERT_MARKER))
 
 
 def test_workers_1_and_2_write_the_same_examples_deterministically(tmp_path):

@@ -9,7 +9,8 @@ import time
 import pytest
 
 from tests.conftest import PYTHON, REPO
-from tftrain.data import inspection, load, output_lock
+from tftrain import dir_lock
+from tftrain.data import inspection, load
 from tftrain.data import manifest as manifest_lib
 from tftrain.errors import DataError, TftrainError
 
@@ -72,7 +73,7 @@ def test_kill_9_mid_write_then_rerun(tmp_path):
     assert not [w for w in workers if running(w)]
     assert_not_a_dataset(output)
     # The killed run's lock file is still there, but its lock died with the process.
-    assert os.path.exists(os.path.join(output, output_lock.LOCK_NAME))
+    assert os.path.exists(os.path.join(output, dir_lock.CONVERT_LOCK))
     # The rerun clears the leftovers and completes (in-process, one worker, to stay fast).
     from tests.test_convert import Pipeline
     from tftrain.data.writer import write_dataset
@@ -103,7 +104,7 @@ def test_a_second_conversion_into_the_same_directory_is_refused(tmp_path):
         from tests.test_convert import Pipeline
         from tftrain.data.writer import write_dataset
 
-        holder = rf"another conversion \(pid {process.pid} on [^)]+\) is writing into {output}"
+        holder = rf"another tftrain convert \(pid {process.pid} on [^)]+\) is writing into {output}"
         with pytest.raises(TftrainError, match=holder):
             write_dataset(Pipeline(n=50), "", output, num_shards=1, workers=1, overwrite=True)
         _, err = process.communicate(timeout=180)

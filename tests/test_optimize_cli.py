@@ -4,13 +4,16 @@ The run is trained once, mirrored over the test process's 2 virtual CPUs, so pru
 quantization-aware training run under the same strategy as training.
 """
 import json
+import os
 import shutil
+import socket
 
 import numpy as np
 import pytest
 import tf_keras as keras
 
 from tests.conftest import run_cli
+from tests.test_output_ownership import hold_run_lock, stop
 from tftrain.optimize import tflite_eval
 
 SMALL_MODEL = "model.params={filters: [16, 32], dense_units: 64, dropout: 0.0}"
@@ -164,6 +167,36 @@ def test_bad_inputs_are_one_clear_error_each(run, tmp_path, capsys):
     assert run_cli("quantize", f"--model_dir={keras3_run}", "--mode=dynamic") == 1
     err = capsys.readouterr().err
     assert "no Keras metadata" in err and "Keras 3" in err and len(err.strip().splitlines()) == 1
+
+
+def test_prune_and_quantize_keep_what_tftrain_did_not_write(run, tmp_path, capsys):
+    copy = _copy_run(run, tmp_path / "copy")
+    (copy / "pruned").mkdir()
+    (copy / "pruned/notes.txt").write_text("mine")
+    (copy / "quantized").mkdir()
+    (copy / "quantized/model_dynamic.tflite").write_bytes(b"mine")
+    assert run_cli("prune", f"--model_dir={copy}", "--epochs=1") == 1
+    assert f"{copy}/pruned was not written by tftrain" in capsys.readouterr().err
+    assert run_cli("quantize", f"--model_dir={copy}", "--mode=dynamic") == 1
+    assert f"{copy}/quantized was not written by tftrain" in capsys.readouterr().err
+    assert os.listdir(copy / "pruned") == ["notes.txt"]
+    assert os.listdir(copy / "quantized") == ["model_dynamic.tflite"]
+    assert (copy / "quantized/model_dynamic.tflite").read_bytes() == b"mine"
+
+
+def test_prune_and_quantize_are_refused_while_another_command_writes_the_run(run, tmp_path,
+                                                                               capsys):
+    busy = _copy_run(run, tmp_path / "busy")
+    holder = hold_run_lock(busy)
+    try:
+        assert run_cli("prune", f"--model_dir={busy}", "--epochs=1") == 1
+        assert (f"another tftrain train (pid {holder.pid} on {socket.gethostname()}) is writing "
+                f"into {busy}") in capsys.readouterr().err
+        assert run_cli("quantize", f"--model_dir={busy}", "--mode=dynamic") == 1
+        assert f"another tftrain train (pid {holder.pid}" in capsys.readouterr().err
+    finally:
+        stop(holder)
+    assert not (busy / "pruned").exists() and not (busy / "quantized").exists()
 
 
 def test_demo_table_from_reports(tmp_path):

@@ -10,6 +10,9 @@ The launcher (this process) sizes the shards first, like the local writer, and w
 output is a dataset only once every shard is in place. Each row's split is the same as with
 the local runner (a hash of its key); its shard is `assign_shard(key, shards, seed)` over all of
 the split's shards, and the order within a shard is whatever the runner's grouping gives.
+The output directory is checked, claimed and cleared like the local writer's
+(`writer.claim_output_dir`): only tftrain's own files are ever deleted, a shard is never
+renamed over a file that exists, and the conversion marker goes once dataset.json is written.
 Runs on any Beam runner (DirectRunner, Dataflow, Flink, Spark) through `--beam_options`.
 """
 from __future__ import annotations
@@ -99,7 +102,7 @@ def write_dataset_beam(pipeline, source: str, output_dir: str, *, beam_options: 
         raise ConfigError("--runner=beam needs Apache Beam: pip install 'tftrain[beam]'.") from None
     shard_plan.check_args(num_shards=num_shards, shard_size_mb=shard_size_mb,
                           max_bad_fraction=max_bad_fraction)
-    writer.refuse_existing(output_dir, overwrite)
+    writer.check_output_dir(output_dir, overwrite)
     try:
         options = PipelineOptions(shlex.split(beam_options or "--runner=DirectRunner"))
     except (ValueError, SystemExit) as e:
@@ -110,7 +113,7 @@ def write_dataset_beam(pipeline, source: str, output_dir: str, *, beam_options: 
     plan, _ = writer.make_plan(pipeline, source, info, output_dir, splits=splits,
                                num_shards=num_shards, shard_size_mb=shard_size_mb, workers=1,
                                seed=seed)
-    with writer.claim_output_dir(output_dir, overwrite):
+    with writer.claim_output_dir(plan, overwrite):
         partitions = max(MIN_READ_PARTITIONS, min(64, sum(plan.shards.values())))
         key = shard_worker.label_key(pipeline.features(info), info)
         encode = type("EncodeFn", (_EncodeFn, beam.DoFn), {})(pipeline, info, plan, key)

@@ -18,6 +18,7 @@ import itertools
 import os
 import posixpath
 
+from tftrain import ownership
 from tftrain.data import example_bytes
 from tftrain.data import manifest as manifest_lib
 from tftrain.data.splits import assign_shard, assign_split
@@ -69,7 +70,21 @@ class ShardPlan:
 
     def tmp_path(self, name: str) -> str:
         """This run's temporary path for the file `name` (renamed when complete)."""
-        return posixpath.join(self.output_dir, f".{name}.tmp-{self.run_id}")
+        return posixpath.join(self.output_dir, ownership.temp_name(name, self.run_id))
+
+    def foresees(self, split: str) -> bool:
+        """True for a split sized in advance: its shard names are in the conversion marker."""
+        return split in self.shards
+
+    def file_names(self) -> list[str]:
+        """The names of the shards of the splits foreseen (see `foresees`)."""
+        return [self.file_name(split, index) for split, count in sorted(self.shards.items())
+                for index in range(count)]
+
+    def claim_path(self, name: str) -> str:
+        """The file that claims the shard `name` of an unforeseen split for this run (written
+        before the shard is published, so that a rerun after a kill knows it is its own)."""
+        return self.tmp_path(name + ownership.CLAIM_SUFFIX)
 
 
 @dataclasses.dataclass

@@ -128,7 +128,10 @@ def run(pipeline, source: str, info: dict, plan, worker: int, *, report=None,
 def publish(plan, shards: dict, alive) -> list[dict]:
     """Closes each shard ((split, index) -> RecordFile) and renames it to its final name.
 
-    Returns the manifest entries (count, bytes and sha256 come from writing, not re-reading).
+    Never over a file that exists: the writer cleared this conversion's own files first, so one
+    there now was not written by it. A shard of a split the plan did not foresee (not listed in
+    the conversion marker) is claimed first (`plan.claim_path`). Returns the manifest entries
+    (count, bytes and sha256 come from writing, not re-reading).
     """
     import tensorflow as tf
 
@@ -142,7 +145,16 @@ def publish(plan, shards: dict, alive) -> list[dict]:
                  "bytes": nbytes, "sha256": sha256}
         if not alive():
             raise DataError("the converting process is gone; not publishing shards.")
-        tf.io.gfile.rename(plan.tmp_path(name), join(plan.output_dir, name), overwrite=True)
+        if not plan.foresees(split):
+            with tf.io.gfile.GFile(plan.claim_path(name), "w") as claim:
+                claim.write(name)
+        target = join(plan.output_dir, name)
+        try:
+            tf.io.gfile.rename(plan.tmp_path(name), target, overwrite=False)
+        except tf.errors.AlreadyExistsError:
+            raise DataError(f"{target} appeared during the conversion and was not written by it; "
+                            "tftrain does not replace files it did not write. Move it away and "
+                            "convert again.") from None
         entries.append(entry)
     return entries
 

@@ -1,20 +1,30 @@
 """`write_dataset`: converts a pipeline's rows into sharded TFRecord files with a manifest.
 
-Steps: refuse to replace a complete dataset (unless `overwrite`); `pipeline.prepare`; a first
-look at the rows (`shard_plan.take_sample`) to size the shards; lock the output directory
-against a second conversion (`output_lock`) and clear leftovers of an interrupted run; W worker
-processes (forked from a clean forkserver, see `processes`), each reading its own share of the
-rows and writing its own shards (`shard_worker`); then `bad_rows.jsonl` and, last,
-`dataset.json`. Every shard is written under a temporary name and renamed when complete, and
-the manifest comes last, so an interrupted conversion (Ctrl-C, kill -9, a failed worker) never
-leaves a directory that a reader accepts; the rerun clears what it left and completes.
+Steps: check the output directory (`check_output_dir`); `pipeline.prepare`; a first look at the
+rows (`shard_plan.take_sample`) to size the shards; claim the output directory
+(`claim_output_dir`); W worker processes (forked from a clean forkserver, see `processes`), each
+reading its own share of the rows and writing its own shards (`shard_worker`); then
+`bad_rows.jsonl` and, last, `dataset.json`. Every shard is written under a temporary name and
+renamed when complete, and the manifest comes last, so an interrupted conversion (Ctrl-C,
+kill -9, a failed worker) never leaves a directory that a reader accepts; the rerun clears what
+it left and completes.
+
+Ownership (see `tftrain.ownership`): tftrain deletes only what it can prove it wrote. Claiming
+the directory locks it against a second conversion (`dir_lock`), writes the conversion marker
+`.tftrain-convert.json` (this run's id and pid and every name it writes or takes over) before
+anything else, and only then clears tftrain's own earlier files: those of an interrupted
+conversion (listed by its marker) or of the complete dataset being replaced (listed by its
+dataset.json, with `overwrite`). Files tftrain did not write are kept: without `overwrite` a
+directory holding any is refused; with it the conversion writes beside them, and refuses if it
+would write a file under one of their names. The marker is removed right after dataset.json is
+written; one left by a kill at that instant is harmless (the next conversion takes it over).
 """
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import queue as queue_lib
-import re
 import time
 import uuid
 from typing import Iterator
@@ -24,45 +34,72 @@ from absl import logging
 
 import tftrain
 from pipelines import BasePipeline
+from tftrain import dir_lock, ownership
 from tftrain.data import manifest as manifest_lib
-from tftrain.data import output_lock, processes, shard_plan, shard_worker
+from tftrain.data import processes, shard_plan, shard_worker
 from tftrain.data.progress import Progress
 from tftrain.data.record_file import RecordFile
 from tftrain.errors import ConfigError, DataError, TftrainError
-from tftrain.fileio import join
+from tftrain.fileio import join, remove
 
 BAD_ROWS_NAME = "bad_rows.jsonl"
-_LEFTOVER = re.compile(r"^(\..*\.tmp-[0-9a-f]+|[\w.-]+-\d{5}-of-\d{5}\.tfrecord|"
-                       + re.escape(BAD_ROWS_NAME) + r"|" + re.escape(manifest_lib.MANIFEST_NAME)
-                       + r"\.tmp-\d+)$")
+# Entries that stay when a conversion clears tftrain's earlier files or fails.
+_KEPT = {dir_lock.CONVERT_LOCK, ownership.CONVERT_MARKER}
 
 
-def refuse_existing(output_dir: str, overwrite: bool) -> None:
-    """Raises unless `output_dir` holds no complete dataset or `overwrite` is set."""
-    if manifest_lib.exists(output_dir) and not overwrite:
+def check_output_dir(output_dir: str, overwrite: bool) -> ownership.DatasetContents:
+    """Raises unless a conversion may write into `output_dir`; returns what is there.
+
+    Refused without `overwrite`: a complete dataset, and any entry tftrain did not write.
+    """
+    contents = ownership.dataset_contents(output_dir)
+    if contents.manifest is not None and not overwrite:
         raise TftrainError(
             f"{output_dir} already holds a complete dataset; pass --overwrite to replace it.")
+    if contents.foreign and not overwrite:
+        raise TftrainError(
+            f"{output_dir} holds {ownership.describe(contents.foreign)} that tftrain did not "
+            "write: it is neither a tftrain dataset nor an interrupted tftrain conversion. "
+            "Convert into a new or empty --output, or pass --overwrite to write the dataset "
+            "beside them (they are kept).")
+    return contents
+
+
+def _refuse_collisions(contents: ownership.DatasetContents, writes: set[str]) -> None:
+    """Raises if this conversion would write a file under the name of one tftrain did not write."""
+    taken = sorted(contents.foreign & writes)
+    if taken:
+        what = ("its manifest" if taken[0] == manifest_lib.MANIFEST_NAME else
+                "its list of bad rows" if taken[0] == BAD_ROWS_NAME else "a shard")
+        others = f" (and {len(taken) - 1} more: {', '.join(taken[1:4])})" if len(taken) > 1 else ""
+        raise TftrainError(
+            f"{join(contents.directory, taken[0])} was not written by tftrain, and this "
+            f"conversion writes {what} under that name{others}; tftrain does not replace files "
+            "it did not write. Move it away, or convert into a new or empty --output.")
 
 
 @contextlib.contextmanager
-def claim_output_dir(output_dir: str, overwrite: bool) -> Iterator[None]:
-    """Holds `output_dir` for one conversion: locked against a second one, no complete dataset
-    replaced unless `overwrite`, the leftovers of a killed run cleared."""
+def claim_output_dir(plan, overwrite: bool) -> Iterator[None]:
+    """Holds `plan.output_dir` for one conversion (see the module doc): locked, checked,
+    marked as this run's, tftrain's earlier files cleared; the marker goes when done."""
+    output_dir = plan.output_dir
     tf.io.gfile.makedirs(output_dir)
-    with output_lock.exclusive(output_dir):
-        refuse_existing(output_dir, overwrite)  # again: another run may have finished meanwhile
-        if manifest_lib.exists(output_dir):
+    with dir_lock.exclusive(output_dir, dir_lock.CONVERT_LOCK, "tftrain convert"):
+        contents = check_output_dir(output_dir, overwrite)  # again: another run may have finished
+        writes = set(plan.file_names()) | {BAD_ROWS_NAME, manifest_lib.MANIFEST_NAME}
+        _refuse_collisions(contents, writes)
+        earlier = contents.mine - _KEPT
+        ownership.write_convert_marker(output_dir, plan.run_id, writes | earlier)
+        if contents.manifest is not None:
             # The manifest goes first: from here on the directory is not a dataset until rewritten.
             tf.io.gfile.remove(join(output_dir, manifest_lib.MANIFEST_NAME))
-        remove_outputs(output_dir)
+        for name in sorted(earlier - {manifest_lib.MANIFEST_NAME}):
+            remove(join(output_dir, name))
         yield
-
-
-def remove_outputs(output_dir: str) -> None:
-    """Removes shards, temporary files and bad_rows.jsonl that a conversion writes (not others)."""
-    for name in tf.io.gfile.listdir(output_dir):
-        if _LEFTOVER.match(name.rstrip("/")):
-            tf.io.gfile.remove(join(output_dir, name))
+        done = ownership.dataset_contents(output_dir)
+        for name in sorted(done.mine - done.listed() - _KEPT):
+            remove(join(output_dir, name))  # claims of unforeseen shards, now in dataset.json
+        remove(join(output_dir, ownership.CONVERT_MARKER))  # last: it claims what is left
 
 
 def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
@@ -81,7 +118,7 @@ def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
     """
     shard_plan.check_args(num_shards=num_shards, shard_size_mb=shard_size_mb, workers=workers,
                           max_bad_fraction=max_bad_fraction)
-    refuse_existing(output_dir, overwrite)
+    check_output_dir(output_dir, overwrite)
     if workers != 1:
         processes.warm_up()  # its TensorFlow import overlaps prepare() and the sample
     started = time.monotonic()
@@ -89,7 +126,7 @@ def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
     plan, estimated_rows = make_plan(pipeline, source, info, output_dir, splits=splits,
                                      num_shards=num_shards, shard_size_mb=shard_size_mb,
                                      workers=workers, seed=seed)
-    with claim_output_dir(output_dir, overwrite):
+    with claim_output_dir(plan, overwrite):
         meter = Progress(estimated_rows, label=f"convert {pipeline.name}") if progress else None
         try:
             if plan.num_workers == 1:
@@ -210,10 +247,12 @@ def _collect(procs, messages, plan, meter) -> list[dict]:
             summaries[worker] = message[2]
         else:
             _, _, name, text, trace = message
-            logging.error("conversion worker %d failed:\n%s", worker, trace)
+            if "No space left on device" in text:  # the CLI's one line for a full disk
+                raise OSError(errno.ENOSPC, f"conversion worker {worker} of {len(procs)}: {text}")
             error = {"ConfigError": ConfigError, "DataError": DataError,
                      "RowFailed": DataError, "TftrainError": TftrainError}.get(name)
-            if error is None:
+            if error is None:  # not a problem the user can fix: keep the worker's traceback
+                logging.error("conversion worker %d failed:\n%s", worker, trace)
                 error, text = DataError, f"{name}: {text}"
             raise error(f"conversion worker {worker} of {len(procs)} failed: {text}")
 
@@ -248,11 +287,16 @@ def _died(worker: int, workers: int, exitcode: int) -> str:
 
 
 def remove_shards(plan) -> None:
-    """Best-effort removal of shards and temporary files (keeps bad_rows.jsonl) after a failure."""
+    """Best-effort removal of this conversion's shards and temporary files after a failure.
+
+    Kept: bad_rows.jsonl (it says why) and the marker, which still claims it for the rerun.
+    """
     try:
-        for name in tf.io.gfile.listdir(plan.output_dir):
-            if name != BAD_ROWS_NAME and _LEFTOVER.match(name):
-                tf.io.gfile.remove(join(plan.output_dir, name))
+        contents = ownership.dataset_contents(plan.output_dir)
+        if contents.manifest is not None:
+            return  # dataset.json was written: the dataset is complete
+        for name in sorted(contents.mine - _KEPT - {BAD_ROWS_NAME}):
+            remove(join(plan.output_dir, name))
     except (OSError, tf.errors.OpError) as e:
         logging.warning("could not clean %s: %s", plan.output_dir, e)
 
