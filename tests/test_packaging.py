@@ -1,0 +1,142 @@
+"""Packaging: the `tpu` extra resolves on PyPI, and tftrain refuses a Keras 3 environment.
+
+The `tpu` tests ask PyPI with `pip install --dry-run --ignore-installed` (nothing is installed;
+they need the network, which CI has). See docs/tpu.md for why the extra is the 2.20 set a TPU VM
+installs in place of the tensorflow/tf-keras pins, not on top of them.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+from tests.conftest import PYTHON, REPO
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    from pip._vendor import tomli as tomllib
+
+TFTRAIN = os.path.join(os.path.dirname(sys.executable), "tftrain")
+PIP_TIMEOUT = 600
+FIX = ("`pip index versions tensorflow-tpu` lists its releases; pin one that exists, with the "
+       "libtpu and the tf-keras of the same TensorFlow version, in the tpu extra of "
+       "pyproject.toml, and update the commands in docs/tpu.md")
+
+
+def _tpu_extra() -> dict:
+    """The `tpu` extra of pyproject.toml: {canonical name: Requirement}."""
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        extra = tomllib.load(f)["project"]["optional-dependencies"]["tpu"]
+    return {canonicalize_name(r.name): r for r in map(Requirement, extra)}
+
+
+def _dry_run(*requirements, no_deps=False, extra_args=()):
+    """`pip install --dry-run` against the index; returns (result, {name: metadata} or None)."""
+    command = [PYTHON, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
+               "--report", "-", *(["--no-deps"] if no_deps else []), *extra_args, *requirements]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=PIP_TIMEOUT,
+                            stdin=subprocess.DEVNULL, check=False)
+    if result.returncode != 0:
+        return result, None
+    report = json.loads(result.stdout)
+    return result, {canonicalize_name(item["metadata"]["name"]): item["metadata"]
+                    for item in report["install"]}
+
+
+def _errors(result) -> str:
+    lines = [line for line in result.stderr.splitlines() if "is ignored" not in line]
+    return "\n".join(lines[-15:])
+
+
+def test_tpu_extra_resolves_on_pypi_without_the_cpu_tensorflow():
+    """tensorflow-tpu and libtpu resolve together; tf-keras accepts that TensorFlow version."""
+    extra = _tpu_extra()
+    assert "tensorflow-tpu" in extra, "the tpu extra of pyproject.toml names no tensorflow-tpu"
+    tpu, libtpu, tf_keras = extra["tensorflow-tpu"], extra.get("libtpu"), extra.get("tf-keras")
+    result, installed = _dry_run(*(str(r) for r in (tpu, libtpu) if r))
+    assert installed is not None, f"{tpu} ({libtpu}) does not resolve:\n{_errors(result)}\n{FIX}"
+    assert libtpu and tf_keras, (
+        "the tpu extra must pin libtpu (an unpinned one can be too new: libtpu 0.0.32+ aborts "
+        "`import tensorflow` with tensorflow-tpu 2.20) and tf-keras (installed --no-deps)")
+    assert "tensorflow" not in installed, (
+        f"{tpu} pulls in tensorflow {installed.get('tensorflow', {}).get('version')} too: the two "
+        "install the same files; a TPU VM must have only the TPU build")
+    assert installed["libtpu"]["version"] in libtpu.specifier, installed["libtpu"]
+    tf_version = installed["tensorflow-tpu"]["version"]
+
+    result, keras = _dry_run(str(tf_keras), no_deps=True)
+    assert keras is not None, f"{tf_keras} is not on the index:\n{_errors(result)}\n{FIX}"
+    needs = [Requirement(r) for r in keras["tf-keras"].get("requires_dist", [])]
+    needs = [r for r in needs if canonicalize_name(r.name) == "tensorflow"]
+    assert needs and all(r.specifier.contains(tf_version) for r in needs), (
+        f"{tf_keras} requires {[str(r) for r in needs]}, which tensorflow-tpu {tf_version} does "
+        f"not satisfy. {FIX}")
+
+
+def test_tpu_extra_never_installs_two_tensorflow_builds():
+    """`pip install '.[tpu]'` either refuses or resolves to one TensorFlow build, never two."""
+    result, installed = _dry_run(f"{REPO}[tpu]", extra_args=("--no-build-isolation",))
+    if installed is None:
+        assert "ResolutionImpossible" in result.stderr, (
+            f"pip install '.[tpu]' failed, but not on the expected tf-keras conflict:\n"
+            f"{_errors(result)}")
+        return
+    both = {"tensorflow", "tensorflow-tpu"} <= set(installed)
+    assert not both, (
+        f"pip install '.[tpu]' would install tensorflow {installed['tensorflow']['version']} and "
+        f"tensorflow-tpu {installed['tensorflow-tpu']['version']} over each other (the same "
+        "files): the tpu extra must not add tensorflow-tpu on top of the tensorflow pin "
+        "(docs/tpu.md installs it in place of tensorflow)")
+
+
+def _env(**values):
+    env = {k: v for k, v in os.environ.items() if k != "TF_USE_LEGACY_KERAS"}
+    env.update(values)
+    return env
+
+
+@pytest.mark.parametrize("value", ["0", "false"])
+def test_command_refuses_a_keras_3_environment_in_one_line(value, tmp_path):
+    """TF_USE_LEGACY_KERAS=0: one line about the variable, exit 2, before TensorFlow starts."""
+    result = subprocess.run([TFTRAIN, "inspect", "--data=/nonexistent"], capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                            env=_env(TF_USE_LEGACY_KERAS=value), check=False)
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"TF_USE_LEGACY_KERAS={value!r}" in lines[0], result.stderr
+    assert "set TF_USE_LEGACY_KERAS=1" in lines[0] and "dataset" not in lines[0], lines[0]
+
+    probe = ("import sys\nfrom tftrain.cli import run\ntry:\n    run(['tftrain', 'inspect', "
+             "'--data=/nonexistent'])\nexcept SystemExit as e:\n    print(e.code, "
+             "'tensorflow' in sys.modules)")
+    result = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path, env=_env(TF_USE_LEGACY_KERAS=value), check=False)
+    assert result.stdout.split() == ["2", "False"], result  # refused before importing TensorFlow
+
+
+def test_import_under_a_keras_3_environment_neither_exits_nor_overrides(tmp_path):
+    """`import tftrain` leaves an explicit TF_USE_LEGACY_KERAS=0 alone and reports it on request."""
+    probe = ("import json, os, sys, tftrain; print(json.dumps([os.environ['TF_USE_LEGACY_KERAS'], "
+             "tftrain.legacy_keras_problem(), 'tensorflow' in sys.modules]))")
+    result = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path, env=_env(TF_USE_LEGACY_KERAS="0"), check=False)
+    assert result.returncode == 0 and result.stderr == "", result
+    value, problem, tensorflow_imported = json.loads(result.stdout)
+    assert value == "0" and "TF_USE_LEGACY_KERAS='0'" in problem and not tensorflow_imported
+
+    result = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path, env=_env(), check=False)
+    assert json.loads(result.stdout) == ["1", None, False], result  # unset: tftrain sets it
+
+
+def test_command_runs_when_the_variable_selects_tf_keras(tmp_path):
+    """TF_USE_LEGACY_KERAS=true (a value TensorFlow takes for tf-keras) is not refused."""
+    result = subprocess.run([TFTRAIN, "inspect", "--data=/nonexistent"], capture_output=True,
+                            text=True, timeout=300, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                            env=_env(TF_USE_LEGACY_KERAS="true"), check=False)
+    assert result.returncode == 1 and "dataset.json is missing" in result.stderr, result.stderr
+    assert "TF_USE_LEGACY_KERAS" not in result.stderr
