@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(BIN)/tftrain train --config=digits --model_dir=runs/demo --overwrite
-	$(BIN)/tftrain prune --model_dir=runs/demo --epochs=8  # 1,426 training examples: 4 epochs are too few steps to recover
+	$(BIN)/tftrain prune --model_dir=runs/demo
 	$(BIN)/tftrain quantize --model_dir=runs/demo --mode=int8,float16
 
 test: $(STAMP)

@@ -11,6 +11,7 @@ the first (tracing and warm-up excluded), timed by the same callback in every ru
                    usually write (parse_single_example + decode map with AUTOTUNE, shuffle,
                    batch, prefetch): what `tftrain train` replaces
   tftrain train    the real command: TFRecord reader, strategy, backups, TensorBoard, checkpoints
+                   (and again with runtime.jit_compile=true: the steps compiled by XLA)
 Input wait, on the tftrain model and reader, two ways:
   wait             the share of step time spent blocked on the next batch: a loop that takes
                    each batch from the reader's iterator (timed) and then runs the compiled train
@@ -75,9 +76,11 @@ def hand_written(data_dir, args) -> float:
     return timer.seconds_per_step()
 
 
-def tftrain_train(data_dir, args) -> float:
-    """Seconds per step of `tftrain train` (its summary's steady-state step time)."""
+def tftrain_train(data_dir, args, jit_compile: str = "false") -> float:
+    """Seconds per step of `tftrain train` (its summary's steady-state step time), with the
+    steps XLA-compiled or not (`runtime.jit_compile`)."""
     overrides = (f"data.dir={data_dir},data.pipeline=bench.synthetic,data.batch_size={args.batch_size},"
+                 f"runtime.jit_compile={jit_compile},"
                  f"train.epochs={args.epochs},train.steps_per_epoch={args.steps_per_epoch},"
                  f"train.learning_rate=0.001,model.name=cnn,"
                  "model.params={filters: [32, 64], dense_units: 128, dropout: 0.25}")
@@ -138,9 +141,9 @@ def main() -> None:
     runs = []  # the variants interleaved in each repeat, so load changes hit all of them
     for _ in range(args.repeats):
         runs.append((plain_keras(x, y, args), hand_written(args.data, args),
-                     tftrain_train(args.data, args), *input_wait(args.data, args),
-                     blocked_on_input(args.data, args)))
-    plain, hand, ours, real, memory, blocked = (min(column) for column in zip(*runs))
+                     tftrain_train(args.data, args), tftrain_train(args.data, args, "true"),
+                     *input_wait(args.data, args), blocked_on_input(args.data, args)))
+    plain, hand, ours, xla, real, memory, blocked = (min(column) for column in zip(*runs))
     shared = max(0.0, 1 - memory / real)
     print(f"\ncnn {MODEL['filters']} on 32x32x3, batch {args.batch_size}, {args.steps_per_epoch} "
           f"steps x {args.epochs} epochs (first excluded), best of {args.repeats}, "
@@ -151,11 +154,14 @@ def main() -> None:
     print(f"| {'plain tf_keras fit, hand-written tf.data':<40} | {hand * 1e3:>8.1f} | "
           f"{hand / plain:>5.2f}x |")
     print(f"| {'tftrain train':<40} | {ours * 1e3:>8.1f} | {ours / plain:>5.2f}x |")
+    print(f"| {'tftrain train, runtime.jit_compile=true':<40} | {xla * 1e3:>8.1f} | "
+          f"{xla / plain:>5.2f}x |")
     print(f"| {'same model: tftrain reader':<40} | {real * 1e3:>8.1f} | {real / plain:>5.2f}x |")
     print(f"| {'same model: batches replayed from memory':<40} | {memory * 1e3:>8.1f} | "
           f"{memory / plain:>5.2f}x |")
     print(f"\ninput wait (blocked on the next batch): {blocked:.1%} of the step time; shared CPU "
-          f"(reader vs replay): {shared:.1%}; tftrain train / hand-written fit: {ours / hand:.2f}x")
+          f"(reader vs replay): {shared:.1%}; tftrain train / hand-written fit: {ours / hand:.2f}x; "
+          f"with XLA / without: {xla / ours:.2f}x")
 
 
 if __name__ == "__main__":

@@ -26,12 +26,14 @@ def pytest_configure(config):
 
 @pytest.fixture(scope="session")
 def digits_dir(tmp_path_factory):
-    """The digits dataset converted once for the whole session (read-only for tests)."""
+    """The digits dataset converted once for the whole session (read-only for tests), exactly
+    as the default path converts it (`tftrain train` with no dataset yet): one shard per split.
+    Tests that need several shards convert their own."""
     from pipelines import load_pipeline
     from tftrain.data.writer import write_dataset
 
     path = str(tmp_path_factory.mktemp("digits") / "digits")
-    write_dataset(load_pipeline("digits"), "", path, num_shards=2)
+    write_dataset(load_pipeline("digits"), "", path)
     return path
 
 

@@ -56,7 +56,7 @@ def test_the_chief_converts_the_dataset_once(two_worker_run):
     root, run = two_worker_run
     manifest = json.loads((root / "data/digits/dataset.json").read_text())
     assert sum(s["num_examples"] for s in manifest["splits"].values()) == 1797
-    converting = [line for line in run.lines if "converting with pipeline" in line]
+    converting = [line for line in run.lines if "converting its embedded data with pipeline" in line]
     assert len(converting) == 1 and converting[0].startswith("[worker 0]")
 
 

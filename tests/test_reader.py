@@ -24,9 +24,10 @@ def _context(index, count=2):
 
 
 @pytest.fixture(scope="module")
-def one_shard_dir(tmp_path_factory):
-    path = str(tmp_path_factory.mktemp("one") / "digits")
-    write_dataset(load_pipeline("digits"), "", path, num_shards=1)
+def two_shard_dir(tmp_path_factory):
+    """digits in two shards per split (`digits_dir` has one, as the default path converts it)."""
+    path = str(tmp_path_factory.mktemp("two") / "digits")
+    write_dataset(load_pipeline("digits"), "", path, num_shards=2)
     return path
 
 
@@ -52,8 +53,8 @@ def test_training_shuffles_each_epoch_and_drops_the_remainder(digits_dir):
 
 
 @pytest.mark.parametrize("files", ["two", "one"])
-def test_two_input_pipelines_cover_every_example_once(digits_dir, one_shard_dir, files, caplog):
-    data_dir = digits_dir if files == "two" else one_shard_dir
+def test_two_input_pipelines_cover_every_example_once(digits_dir, two_shard_dir, files, caplog):
+    data_dir = two_shard_dir if files == "two" else digits_dir
     everything = _keys(load(data_dir, "train", 50, training=False))
     with caplog.at_level(logging.WARNING):
         shards = [_keys(load(data_dir, "train", 50, training=False, input_context=_context(i)))
@@ -63,11 +64,21 @@ def test_two_input_pipelines_cover_every_example_once(digits_dir, one_shard_dir,
     assert ("sharding by example" in caplog.text) == (files == "one")  # DATA fallback is announced
 
 
-def test_training_pipelines_shard_by_file(digits_dir):
-    shards = [_keys(load(digits_dir, "train", 10, training=True, drop_remainder=False,
+def test_training_pipelines_shard_by_file(two_shard_dir):
+    shards = [_keys(load(two_shard_dir, "train", 10, training=True, drop_remainder=False,
                          input_context=_context(i), seed=3)) for i in range(2)]
     assert not set(shards[0]) & set(shards[1])
-    assert len(shards[0]) + len(shards[1]) == len(_keys(load(digits_dir, "train", 50, training=False)))
+    assert len(shards[0]) + len(shards[1]) == len(_keys(load(two_shard_dir, "train", 50,
+                                                             training=False)))
+
+
+def test_deterministic_training_order_is_the_same_for_every_iterator(two_shard_dir):
+    """What sharding by example after the fact (DTensor's local replicas) relies on."""
+    dataset = load(two_shard_dir, "train", 16, training=True, seed=5, deterministic=True)
+    first, second = _keys(dataset), _keys(dataset)
+    assert first == _keys(load(two_shard_dir, "train", 16, training=True, seed=5,
+                               deterministic=True))
+    assert first != second  # still reshuffled each epoch, in the same way for every copy
 
 
 class Pipeline(DigitsPipeline):

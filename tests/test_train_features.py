@@ -145,3 +145,31 @@ def test_bad_training_config(override, message):
 def test_summary_is_json(tmp_path, digits_dir):
     summary = train.train(_config(digits_dir, "train.epochs=1"), str(tmp_path))
     assert json.loads((tmp_path / "summary.json").read_text())["steps"] == summary["steps"] == 6
+
+
+def test_profiler_trace_hparams_and_xla(tmp_path, digits_dir):
+    config = _config(digits_dir, "train.profile_steps='2,4',runtime.jit_compile=true")
+    summary = train.train(config, str(tmp_path))
+    assert summary["jit_compile"] is True
+    # A trace tensorboard-plugin-profile opens: logs/plugins/profile/<run>/<host>.xplane.pb
+    traces = tf.io.gfile.glob(f"{tmp_path}/logs/plugins/profile/*/*.xplane.pb")
+    assert traces and tf.io.gfile.stat(traces[0]).length > 0
+    # The HParams plugin's session (config values) and the test metrics, in logs/.
+    tags, plugins = set(), set()
+    for path in tf.io.gfile.glob(f"{tmp_path}/logs/events.out.tfevents*"):
+        for event in tf.compat.v1.train.summary_iterator(path):
+            for value in event.summary.value:
+                tags.add(value.tag)
+                plugins.add(value.metadata.plugin_data.plugin_name)
+    assert {"_hparams_/experiment", "_hparams_/session_start_info"} <= tags and "hparams" in plugins
+    np.testing.assert_allclose(_scalars(tmp_path / "logs", "test/accuracy"),
+                               [summary["eval"]["accuracy"]], rtol=1e-6)
+
+
+def test_profile_steps_and_jit_compile_are_checked():
+    with pytest.raises(ConfigError, match="train.profile_steps='5,2'"):
+        config_lib.build_config("digits", overrides="train.profile_steps='5,2'")
+    with pytest.raises(ConfigError, match="runtime.jit_compile='maybe' is not one of auto, true"):
+        config_lib.build_config("digits", overrides="runtime.jit_compile=maybe")
+    assert config_lib.build_config("digits", overrides="runtime.jit_compile=false").runtime.jit_compile == "false"
+    assert not train.use_xla("auto")  # no GPU here: XLA stays off on CPUs

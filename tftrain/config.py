@@ -16,15 +16,35 @@ from typing import Any, Optional
 
 import yaml
 
+import tftrain
 from tftrain.errors import ConfigError
 
-CONFIG_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs")
+
+def _shipped_config_dir() -> str:
+    """The folder of the shipped YAML configs (`digits`, ...), installed or in a checkout.
+
+    The repository keeps them in its top-level `configs/`; a wheel installs that folder as the
+    package data `tftrain/configs/` (pyproject.toml maps it). An editable install or a plain
+    checkout has no `tftrain/configs/`, and reads the repository's folder directly.
+    """
+    package_dir = os.path.dirname(os.path.abspath(tftrain.__file__))
+    installed = os.path.join(package_dir, "configs")
+    if os.path.isdir(installed):
+        return installed
+    return os.path.join(os.path.dirname(package_dir), "configs")
+
+
+CONFIG_DIR = _shipped_config_dir()
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu", "dtensor")
+# runtime.cluster: where the multi-worker cluster is described (tftrain/cluster.py)
+CLUSTERS = ("auto", "tf_config", "slurm", "kubernetes")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
+JIT_COMPILE = ("auto", "true", "false")  # XLA for the train/eval steps; auto: on GPUs only
 OPTIMIZERS = ("sgd", "adam", "adamw")
 SERVICE_MODES = ("parallel_epochs", "distributed_epoch")
 CACHE_MODES = ("none", "records", "decoded")  # what tftrain.data.load keeps in memory
+DATA_FORMATS = ("tftrain", "tfrecord")  # a tftrain dataset, or TFRecords other tools wrote
 LR_SCHEDULES = ("constant", "step", "cosine", "plateau")
 MONITORS = ("val_accuracy", "val_loss", "accuracy", "loss")
 
@@ -36,6 +56,12 @@ class DataConfig:
     dir: str = "data/digits"  # dataset directory (shards + dataset.json); gs:// works
     pipeline: str = "digits"  # creates `dir` from `source` the first time it is needed
     source: str = ""  # raw input for that conversion (unused by `digits`)
+    pipeline_options: dict = dataclasses.field(default_factory=dict)  # the pipeline's options
+    # tftrain: `dir` holds dataset.json (or is converted into while absent or empty).
+    # tfrecord: `dir` holds TFRecords other tools wrote (<split>-* files, or a glob with
+    # {split}), read with `pipeline`'s schema; `info` stands in for the manifest's metadata.
+    format: str = "tftrain"
+    info: dict = dataclasses.field(default_factory=dict)  # format=tfrecord: e.g. {num_classes: 10}
     train_split: str = "train"
     eval_split: str = "validation"  # monitored during training
     test_split: str = "test"  # reported in summary.json after training
@@ -76,6 +102,7 @@ class TrainConfig:
     monitor: str = "val_accuracy"  # best checkpoint, early stopping, plateau
     early_stopping_patience: int = 0  # 0: off; else epochs without improvement of `monitor`
     backup_every_steps: int = 0  # 0: back up at the end of each epoch only
+    profile_steps: str = ""  # "start,end": a profiler trace of those steps in logs/plugins/profile
     seed: int = 42
 
 
@@ -92,6 +119,13 @@ class RuntimeConfig:
     mesh: str = ""
     layout_rules: dict = dataclasses.field(default_factory=dict)
     tpu_timeout: int = 60  # seconds to connect to and initialize the TPU before giving up
+    jit_compile: str = "auto"  # XLA-compile the steps: true | false | auto (GPUs; TPUs always do)
+    # Multi-worker cluster: auto (TF_CONFIG if set, else SLURM inside a multi-task srun step,
+    # else one machine) | tf_config | slurm | kubernetes (docs/scale.md). cluster_port: the first
+    # port of the workers' servers for slurm (task i of a node gets +i) and kubernetes; 0: TF's
+    # defaults (8888 and 8470).
+    cluster: str = "auto"
+    cluster_port: int = 0
 
 
 @dataclasses.dataclass
@@ -121,6 +155,8 @@ def _unknown_key(key: str) -> ConfigError:
     if not close:  # match the last part alone: 'train.epoch' -> 'train.epochs'
         last = key.rsplit(".", 1)[-1]
         close = [k for k in all_keys() if difflib.get_close_matches(last, [k.rsplit(".", 1)[-1]], cutoff=0.75)]
+    if close and difflib.SequenceMatcher(None, key, close[0]).ratio() >= 0.9:
+        close = close[:1]  # one near-certain match ('train.epoch' -> 'train.epochs') says it all
     hint = f"; did you mean {' or '.join(close[:3])}?" if close else ""
     return ConfigError(f"unknown config key {key!r}{hint} (valid sections: data, model, train, runtime)")
 
@@ -148,6 +184,8 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
             pass
     if expected is str and isinstance(value, (int, float)) and not isinstance(value, bool):
         return str(value)
+    if expected is str and isinstance(value, bool):  # YAML's true/false for a choice of words
+        return "true" if value else "false"
     if expected is int and isinstance(value, bool) or not isinstance(value, expected):
         raise ConfigError(f"config key {key!r} must be of type {_type_name(expected)}, "
                           f"got {value!r} ({type(value).__name__})")
@@ -281,6 +319,16 @@ def build_config(config: str = "digits", flag_values: dict | None = None,
     return result
 
 
+def conversion_allowed(config: Config, overrides: str) -> bool:
+    """Whether `train` may convert a missing dataset into `data.dir`: not when `overrides` (the
+    command line) moved `data.dir` without naming `data.pipeline` or `data.source` while the
+    config converts embedded data (no `data.source`, e.g. digits), which would otherwise be
+    trained on in place of the data the user pointed at."""
+    data_overrides = parse_overrides(overrides).get("data", {})
+    return bool(config.data.source) or "dir" not in data_overrides or bool(
+        {"pipeline", "source"} & set(data_overrides))
+
+
 def _nested(key: str, value: Any) -> dict:
     node: dict = {}
     root = node
@@ -304,10 +352,20 @@ def validate(config: Config) -> None:
             raise ConfigError(f"{key} must be > 0, got {value}")
 
     choice("runtime.strategy", config.runtime.strategy, STRATEGIES)
+    choice("runtime.cluster", config.runtime.cluster, CLUSTERS)
+    if not 0 <= config.runtime.cluster_port <= 65535:
+        raise ConfigError("runtime.cluster_port must be 0 (TF's default) or a port number, got "
+                          f"{config.runtime.cluster_port}")
     choice("runtime.mixed_precision", config.runtime.mixed_precision, PRECISIONS)
+    choice("runtime.jit_compile", config.runtime.jit_compile, JIT_COMPILE)
     choice("train.optimizer", config.train.optimizer, OPTIMIZERS)
     choice("train.lr_schedule", config.train.lr_schedule, LR_SCHEDULES)
     choice("data.cache", config.data.cache, CACHE_MODES)
+    choice("data.format", config.data.format, DATA_FORMATS)
+    if config.data.format == "tfrecord" and config.data.source:
+        raise ConfigError(f"data.format=tfrecord reads existing TFRecords in data.dir; "
+                          f"data.source ({config.data.source!r}) is only for converting raw data: "
+                          "drop one of them")
     choice("train.monitor", config.train.monitor, MONITORS)
     for key in ("data.batch_size", "data.shuffle_buffer", "train.epochs", "train.steps_per_epoch",
                 "train.steps", "train.learning_rate", "train.steps_per_execution",
@@ -325,6 +383,7 @@ def validate(config: Config) -> None:
     if config.train.lr_min >= config.train.learning_rate and config.train.lr_schedule in ("cosine", "plateau"):
         raise ConfigError(f"train.lr_min ({config.train.lr_min}) must be below train.learning_rate "
                           f"({config.train.learning_rate}) for lr_schedule={config.train.lr_schedule}")
+    profile_steps(config.train.profile_steps)
     if config.runtime.cpu_devices < 0:
         raise ConfigError(f"runtime.cpu_devices must be >= 0, got {config.runtime.cpu_devices}")
     choice("data.service_mode", config.data.service_mode, SERVICE_MODES)
@@ -343,6 +402,21 @@ def validate(config: Config) -> None:
     from tftrain import models  # no TensorFlow at import
 
     models.check_model(config.model.name, config.model.params)
+
+
+def profile_steps(text: str) -> tuple[int, int] | None:
+    """`train.profile_steps` ("start,end", 1-based steps of the first epoch) as a pair, or None."""
+    if not text:
+        return None
+    parts = text.split(",")
+    try:
+        start, end = (int(p) for p in parts) if len(parts) == 2 else (int(parts[0]),) * 2
+    except ValueError:
+        start = end = 0
+    if not 0 < start <= end:
+        raise ConfigError(f"train.profile_steps={text!r}: write 'start,end' with 0 < start <= end, "
+                          "e.g. '10,20' (steps of the first epoch)")
+    return start, end
 
 
 def check_divisible(batch_size: int, num_replicas: int) -> None:

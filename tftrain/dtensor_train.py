@@ -28,7 +28,7 @@ from tftrain import config as config_lib
 from tftrain import distribute, dtensor_layouts, models, optimizers, run_dir
 from tftrain.callbacks import backup as backup_lib
 from tftrain.callbacks.step_timer import StepTimer
-from tftrain.data import reader
+from tftrain.data import foreign, reader
 from tftrain.errors import ConfigError
 from tftrain.fileio import join, write_atomic
 
@@ -37,7 +37,8 @@ _SKIP_ATTRIBUTES = ("_self_tracked_trackables", "_trainable_weights", "_non_trai
                     "_captured_weight_regularizer")
 
 
-def run(config: config_lib.Config, model_dir: str, overwrite: bool, sigterm) -> dict:
+def run(config: config_lib.Config, model_dir: str, overwrite: bool, sigterm,
+        convert_data: bool = True) -> dict:
     """The story of one DTensor run (see the module docstring); returns the summary."""
     from tftrain import train  # the normal run's helpers (imported late: train imports us)
 
@@ -51,7 +52,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool, sigterm) -> 
     keras.mixed_precision.set_global_policy("float32")
 
     # 2. Data: the same reader, per-replica batches packed into DTensors split over `batch`.
-    manifest = train.ensure_dataset(config.data)
+    manifest = train.ensure_dataset(config.data, convert=convert_data)
     batch = config.data.batch_size
     num_train = manifest["splits"][config.data.train_split]["num_examples"]
     plan = train.plan_steps(config.train, num_train, batch)
@@ -60,10 +61,10 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool, sigterm) -> 
     eval_steps = max(1, manifest["splits"][config.data.eval_split]["num_examples"] // batch)
 
     # 3. Model: the ordinary model, then its sharded twin under a LayoutMap, same initial weights.
-    input_shape = reader.load(config.data.dir, config.data.eval_split, 1,
-                              training=False).element_spec[0].shape[1:]
+    input_shape = reader.load(config.data.dir, config.data.eval_split, 1, training=False,
+                              **foreign.load_kwargs(config.data)).element_spec[0].shape[1:]
     model = models.build_model(config.model.name, config.model.params, input_shape,
-                               manifest["info"]["num_classes"])
+                               train.num_classes(manifest, config.data))
     plan_layouts = resolve_layouts(model, config.model.name, config.runtime.layout_rules, dims)
     sharded = build_sharded(model, mesh, plan_layouts)
     sharded.compile(optimizer=make_optimizer(config.train, plan, mesh),
@@ -115,6 +116,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool, sigterm) -> 
                 weights, plan_layouts, dims, optimizer_slots(config.train.optimizer)),
         },
     }
+    train.write_hparams(model_dir, config, summary)
     run_dir.finish(model_dir, summary)
     return summary
 
@@ -156,7 +158,15 @@ def make_dataset(mesh, config: config_lib.Config, split: str, training: bool):
     dataset = reader.load(config.data.dir, split, config.data.batch_size // replicas,
                           training=training, shuffle_buffer=config.data.shuffle_buffer,
                           cache=config.data.cache, drop_remainder=True, repeat=True,
-                          seed=config.train.seed)
+                          seed=config.train.seed, deterministic=True,
+                          **foreign.load_kwargs(config.data))
+    # DTensorDataset gives each local replica its own copy of the pipeline and shards it with
+    # the dataset's auto-shard policy. FILE sharding fails when a split has fewer files than
+    # replicas (the default conversion writes one file per small split), so every replica takes
+    # every n-th batch of the same deterministic order instead.
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    dataset = dataset.with_options(options)
     layouts = tf.nest.map_structure(
         lambda spec: dtensor.Layout.batch_sharded(mesh, dtensor_layouts.BATCH, spec.shape.rank),
         dataset.element_spec)
@@ -166,7 +176,8 @@ def make_dataset(mesh, config: config_lib.Config, split: str, training: bool):
 
 
 def _plain_data(config: config_lib.Config, split: str):
-    return reader.load(config.data.dir, split, config.data.batch_size, training=False)
+    return reader.load(config.data.dir, split, config.data.batch_size, training=False,
+                       **foreign.load_kwargs(config.data))
 
 
 def named_variables(model: keras.Model) -> dict:

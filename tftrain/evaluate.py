@@ -7,7 +7,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tftrain import data as data_lib
-from tftrain.errors import TftrainError
+from tftrain.errors import DataError, TftrainError
 from tftrain.fileio import join, write_json
 
 
@@ -20,15 +20,22 @@ def load_saved_model(path: str):
 
 
 def evaluate(model_path: str, data_dir: str, split: str, batch_size: int = 256,
-             output: str | None = None) -> dict:
-    """Evaluates a SavedModel (or .tflite file) on `split`; writes and returns the metrics."""
-    dataset = data_lib.load(data_dir, split, batch_size, training=False)
+             output: str | None = None, pipeline: str | None = None,
+             pipeline_options: dict | None = None) -> dict:
+    """Evaluates a SavedModel (or .tflite file) on `split`; writes and returns the metrics.
+
+    `pipeline`: `data_dir` holds TFRecords another tool wrote, read with that pipeline's schema
+    (see `tftrain.data.load`).
+    """
+    dataset = data_lib.load(data_dir, split, batch_size, training=False, pipeline=pipeline,
+                            pipeline_options=pipeline_options)
     if model_path.endswith(".tflite"):
         from tftrain.optimize.tflite_eval import evaluate_tflite
 
         metrics = evaluate_tflite(model_path, dataset)
     else:
         model = load_saved_model(model_path)
+        check_inputs_fit(model, dataset.element_spec[0], f"{data_dir} (split {split!r})")
         model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
         metrics = {k: float(v) for k, v in model.evaluate(dataset, return_dict=True, verbose=0).items()}
@@ -36,3 +43,19 @@ def evaluate(model_path: str, data_dir: str, split: str, batch_size: int = 256,
     output = output or join(os.path.dirname(model_path.rstrip("/")) or ".", f"eval_{split}.json")
     write_json(output, result)
     return metrics
+
+
+def check_inputs_fit(model: keras.Model, input_spec, where: str) -> None:
+    """Raises DataError unless the dataset's inputs (`input_spec`) fit the model's inputs."""
+    shapes = model.input_shape if isinstance(model.input_shape, list) else [model.input_shape]
+    wanted = [tf.TensorShape(shape) for shape in shapes]
+    given = [spec.shape for spec in tf.nest.flatten(input_spec)]
+    if len(wanted) != len(given) or not all(w.is_compatible_with(g) for w, g in zip(wanted, given)):
+        raise DataError(
+            f"the model takes inputs of shape {_shapes(wanted)}, but {where} yields "
+            f"{_shapes(given)}: evaluate it on data of the kind it was trained on (its run's "
+            "params.yaml names data.dir).")
+
+
+def _shapes(shapes) -> str:
+    return ", ".join(str(tuple(shape.as_list())) for shape in shapes)

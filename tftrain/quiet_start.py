@@ -5,9 +5,14 @@ before absl logging is initialized, so `TF_CPP_MIN_LOG_LEVEL` cannot silence the
 process's stderr (fd 2) is sent to a temporary file while TensorFlow loads and probes its
 devices; afterwards every line is written back except the chatter the log level asks to hide.
 Nothing else is ever dropped: an import error and its output reach stderr as they were.
+
+`hiding_native_chatter()` does the same around the TFLite converter and interpreter, whose C++
+code prints "INFO: Created TensorFlow Lite XNNPACK delegate" and converter settings, when the
+CLI runs at its default verbosity (`tftrain.log_filter`).
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -17,6 +22,9 @@ import tempfile
 _BEFORE_ABSL_INIT = "WARNING: All log messages before absl::InitializeLog() is called"
 _CPP_LOG_LINE = re.compile(r"^([IWEF])\d{4} [\d:.]+\s+\d+ [\w.]+:\d+\] ")
 _LEVELS = "IWEF"
+_NATIVE_CHATTER = re.compile(r"^(INFO: Created TensorFlow Lite .*delegate|fully_quantize: |"
+                             r"Estimated count of arithmetic ops)")
+HIDE_NATIVE_CHATTER = False  # set by tftrain.log_filter.install()
 
 
 def import_tensorflow(list_devices: bool = True) -> None:
@@ -27,22 +35,40 @@ def import_tensorflow(list_devices: bool = True) -> None:
     """
     if "tensorflow" in sys.modules:
         return
+    with _stderr_filtered(is_chatter):
+        import tensorflow as tf
+        import tf_keras  # noqa: F401  (loads its own libraries, which log again)
+
+        if list_devices:
+            tf.config.list_physical_devices()  # the CUDA probe logs here
+
+
+@contextlib.contextmanager
+def hiding_native_chatter():
+    """Runs the block with fd 2 captured (when the log is quiet); writes back all but the
+    TFLite converter's and interpreter's chatter lines, also if the block raises."""
+    if not HIDE_NATIVE_CHATTER:
+        yield
+        return
+    with _stderr_filtered(lambda line: bool(_NATIVE_CHATTER.match(line)) or is_chatter(line)):
+        yield
+
+
+@contextlib.contextmanager
+def _stderr_filtered(drop):
+    """Sends fd 2 to a temporary file for the block, then writes back the lines not `drop`ped."""
     sys.stderr.flush()
     saved_stderr = os.dup(2)
     with tempfile.TemporaryFile() as captured:
         os.dup2(captured.fileno(), 2)
         try:
-            import tensorflow as tf
-            import tf_keras  # noqa: F401  (loads its own libraries, which log again)
-
-            if list_devices:
-                tf.config.list_physical_devices()  # the CUDA probe logs here
+            yield
         finally:
             os.dup2(saved_stderr, 2)
             os.close(saved_stderr)
             captured.seek(0)
             lines = captured.read().decode("utf-8", "replace").splitlines(keepends=True)
-            sys.stderr.write("".join(line for line in lines if not is_chatter(line)))
+            sys.stderr.write("".join(line for line in lines if not drop(line)))
             sys.stderr.flush()
 
 

@@ -21,37 +21,49 @@ from absl import logging
 from pipelines import load_pipeline
 from tftrain import config as config_lib
 from tftrain import distribute, grad_accum, models, optimizers, precision, run_dir
-from tftrain import cluster, tpu
+from tftrain import cluster, hparams, ownership, tpu
 from tftrain.callbacks import backup as backup_lib
 from tftrain.callbacks import preemption
+from tftrain.callbacks.curves import Curves
 from tftrain.callbacks.learning_rate import LearningRateLogger
 from tftrain.callbacks.step_timer import StepTimer
 from tftrain.callbacks.stop_at_step import StopAtStep
 from tftrain.data import manifest as manifest_lib
-from tftrain.data import reader
-from tftrain.data.writer import write_dataset
+from tftrain.data import foreign, reader, writer
+from tftrain.errors import DataError
 from tftrain.fileio import join, remove, write_atomic
 
 PREEMPTED_EXIT_CODE = preemption.PREEMPTED_EXIT_CODE
 
 
-def train(config: config_lib.Config, model_dir: str, *, overwrite: bool = False) -> dict:
+def train(config: config_lib.Config, model_dir: str, *, overwrite: bool = False,
+          convert_data: bool = True) -> dict:
     """Trains, evaluates and exports one model; returns the summary written to summary.json.
 
-    Raises `preemption.Preempted` (exit code 143) on SIGTERM, after backing up.
+    `convert_data=False` forbids converting the config's embedded data into a missing dataset
+    (see `ensure_dataset`). Raises `preemption.Preempted` (exit code 143) on SIGTERM, after
+    backing up.
     """
     with preemption.SigtermHandler() as sigterm:
-        return run(config, model_dir, overwrite, sigterm)
+        try:
+            return run(config, model_dir, overwrite, sigterm, convert_data)
+        finally:  # a run that ended in an error must not keep its directory locked in-process
+            run_dir.release(model_dir)
 
 
 def run(config: config_lib.Config, model_dir: str, overwrite: bool,
-        sigterm: preemption.SigtermHandler) -> dict:
+        sigterm: preemption.SigtermHandler, convert_data: bool = True) -> dict:
     """The story of one run (see `train`)."""
     # 1. The strategy comes first: no TensorFlow op may run before it is built.
     if config.runtime.strategy == "dtensor":  # model parallelism: a DTensor mesh, no strategy
         from tftrain import dtensor_train
 
-        return dtensor_train.run(config, model_dir, overwrite, sigterm)
+        return dtensor_train.run(config, model_dir, overwrite, sigterm, convert_data)
+    # A TPU run that would fail stops here, before it connects to (and pays for) the TPU: the
+    # config-only checks, no TensorFlow op (tpu.check_ready checks the rest after connecting).
+    from tftrain import check
+
+    check.before_connecting(config, model_dir, convert_data)  # no-op for other strategies
     strategy = distribute.create_strategy(config.runtime)
     num_replicas = strategy.num_replicas_in_sync
     chief = cluster.is_chief(strategy)  # multi-worker: only the chief writes the run's files
@@ -59,7 +71,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
 
     params_yaml = config_lib.to_yaml(config)
     if chief or not overwrite:
-        run_dir.prepare(model_dir, overwrite, params_yaml)
+        run_dir.prepare(model_dir, overwrite, params_yaml, chief=chief)  # the chief locks it
     if chief:
         write_atomic(join(model_dir, run_dir.PARAMS), params_yaml)
     keras.utils.set_random_seed(config.train.seed)
@@ -67,7 +79,8 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
 
     # 2. Data: converted the first time it is needed, then read from its TFRecord shards.
     #    One update consumes grad_accum_steps micro-batches of data.batch_size examples.
-    manifest = ensure_dataset(config.data, chief)
+    manifest = ensure_dataset(config.data, chief, convert_data)
+    source = foreign.load_kwargs(config.data)  # how to read data.dir: its manifest, or the config
     accum = config.train.grad_accum_steps
     plan = plan_steps(config.train, manifest["splits"][config.data.train_split]["num_examples"],
                       config.data.batch_size * accum)
@@ -75,30 +88,23 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         strategy, config.data.dir, config.data.train_split, config.data.batch_size * accum,
         training=True, shuffle_buffer=config.data.shuffle_buffer, cache=config.data.cache,
         repeat=True, seed=config.train.seed,
-        service_address=config.data.service_address, service_mode=config.data.service_mode)
+        service_address=config.data.service_address, service_mode=config.data.service_mode,
+        **source)
     static_shapes = distribute.strategy_name(strategy) == "tpu"
     eval_data = reader.load_distributed(strategy, config.data.dir, config.data.eval_split,
                                         config.data.batch_size, training=False,
-                                        drop_remainder=static_shapes)
+                                        drop_remainder=static_shapes, **source)
 
     # 3. Model, built and compiled inside the strategy's scope. `trainer` is the model itself,
     #    or a wrapper that accumulates gradients; `model` is what gets exported.
     tpu.check_ready(config, strategy)  # TPU only: static shapes, batch split, bf16, ...
-    input_shape = reader.load(config.data.dir, config.data.eval_split, 1,
-                              training=False).element_spec[0].shape[1:]
     with strategy.scope():
-        model = models.build_model(config.model.name, config.model.params, input_shape,
-                                   manifest["info"]["num_classes"])
-        trainer = grad_accum.wrap(model, accum)
-        trainer.compile(
-            optimizer=optimizers.make_optimizer(config.train, plan.steps_per_epoch, plan.total_steps),
-            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-            metrics=["accuracy"], steps_per_execution=config.train.steps_per_execution)
+        model, trainer = build_and_compile(config, manifest, plan)
 
     # 4. Fit, resuming from model_dir/backup/ when an earlier attempt was interrupted.
     backup = backup_lib.Backup(join(model_dir, run_dir.BACKUP), config.train.backup_every_steps)
     timer = StepTimer(config.data.batch_size * accum)
-    callbacks = make_callbacks(config.train, model_dir, plan, backup, timer, sigterm)
+    callbacks = make_callbacks(config.train, model_dir, plan, backup, timer, sigterm, chief=chief)
     history = trainer.fit(train_data, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
                           validation_data=eval_data, callbacks=callbacks,
                           verbose=1 if sys.stdout.isatty() else 2)
@@ -110,7 +116,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     # 5. Evaluate on the test split, export, and summarize; the backup goes last.
     test_data = reader.load_distributed(strategy, config.data.dir, config.data.test_split,
                                         config.data.batch_size, training=False,
-                                        drop_remainder=static_shapes)
+                                        drop_remainder=static_shapes, **source)
     cluster.dump_weights(model)  # debug aid: only when TFTRAIN_DUMP_WEIGHTS_DIR is set
     # Every worker takes part in the save; non-chief workers into a temporary directory.
     export_dir = cluster.write_dir_for(join(model_dir, run_dir.EXPORT), strategy)
@@ -131,10 +137,65 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         "resumed_from": list(backup.resumed_at) if backup.resumed_at else None,
         "seconds_per_step": timer.seconds_per_step() if timer.epochs else None,
         "examples_per_second": timer.examples_per_second() if timer.epochs else None,
+        "jit_compile": bool(trainer.jit_compile),
     }
     if chief:
+        write_hparams(model_dir, config, summary)
         run_dir.finish(model_dir, summary)
     return summary
+
+
+def build_and_compile(config: config_lib.Config, manifest: dict, plan: "StepPlan",
+                      **compile_kwargs) -> tuple[keras.Model, keras.Model]:
+    """The model and its compiled trainer (the model itself, or a gradient-accumulating wrapper).
+
+    Call it inside the strategy's scope. The input shape comes from one example of the
+    evaluation split; `compile_kwargs` go to `compile` (`jit_compile` defaults to what
+    `runtime.jit_compile` says for the devices of this process).
+    """
+    compile_kwargs.setdefault("jit_compile", use_xla(config.runtime.jit_compile))
+    input_shape = reader.load(config.data.dir, config.data.eval_split, 1, training=False,
+                              **foreign.load_kwargs(config.data)).element_spec[0].shape[1:]
+    model = models.build_model(config.model.name, config.model.params, input_shape,
+                               num_classes(manifest, config.data))
+    trainer = grad_accum.wrap(model, config.train.grad_accum_steps)
+    trainer.compile(
+        optimizer=optimizers.make_optimizer(config.train, plan.steps_per_epoch, plan.total_steps),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        metrics=["accuracy"], steps_per_execution=config.train.steps_per_execution,
+        **compile_kwargs)
+    return model, trainer
+
+
+def write_hparams(model_dir: str, config: config_lib.Config, summary: dict) -> None:
+    """The run's row in TensorBoard's HParams table (see `tftrain.hparams`)."""
+    test = {k: v for k, v in summary["eval"].items() if isinstance(v, float)}
+    hparams.write(join(model_dir, run_dir.LOGS), config, test, summary["validation"],
+                  summary["steps"], trial_id=model_dir)
+
+
+def use_xla(jit_compile: str) -> bool:
+    """`runtime.jit_compile` for `compile`: auto is XLA on GPUs, where it usually pays (fused
+    kernels), and not on CPUs, where it mostly adds compile time. TPUStrategy compiles with XLA
+    whatever this says."""
+    if jit_compile == "auto":
+        return bool(tf.config.list_logical_devices("GPU"))
+    return jit_compile == "true"
+
+
+def num_classes(manifest: dict, data: config_lib.DataConfig) -> int:
+    """The number of classes the dataset's labels have; DataError when it names none."""
+    count = manifest.get("info", {}).get("num_classes")
+    if isinstance(count, int) and count > 0:
+        return count
+    if data.format == "tfrecord":
+        raise DataError("data.format=tfrecord: say how many classes the labels have with "
+                        "data.info={num_classes: K}.")
+    raise DataError(
+        f"dataset {data.dir} (pipeline {manifest.get('pipeline')!r}) has labels that are not "
+        "classes (its manifest names no num_classes: e.g. a float label column), and tftrain "
+        "trains classifiers only for now: convert the label as a class column (a CSV column "
+        "declared `:int` or `:categorical`), or wait for regression tasks.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,22 +224,55 @@ def plan_steps(train_config: config_lib.TrainConfig, num_examples: int,
     return StepPlan(steps_per_epoch, train_config.epochs, train_config.epochs * steps_per_epoch)
 
 
-def ensure_dataset(data: config_lib.DataConfig, chief: bool = True) -> dict:
-    """Reads the dataset's manifest, converting the raw source first if there is none yet.
+def ensure_dataset(data: config_lib.DataConfig, chief: bool = True, convert: bool = True) -> dict:
+    """The dataset's manifest; converts `data.source` with `data.pipeline` first if needed.
 
-    Multi-worker: the chief converts; the other workers wait for its manifest.
+    The conversion happens only into a `data.dir` that is absent, empty or holds tftrain's own
+    interrupted conversion, and only when `convert` (the CLI says no when the command line
+    moved `data.dir` away from a config whose pipeline needs no source: the embedded digits
+    would otherwise be trained on in place of the data the user pointed at). Anything else is
+    refused with a message naming the key to set. `data.format=tfrecord` reads TFRecords other
+    tools wrote, as they are. Multi-worker: the chief converts; the others wait for its manifest.
     """
+    if data.format == "tfrecord":
+        return foreign.read_manifest(data)
     if not chief and not manifest_lib.exists(data.dir):
         cluster.wait_for(join(data.dir, manifest_lib.MANIFEST_NAME), "the dataset",
                          cluster.DATASET_WAIT_SECONDS)
     if not manifest_lib.exists(data.dir):
-        logging.info("no dataset in %s yet: converting with pipeline %r", data.dir, data.pipeline)
-        write_dataset(load_pipeline(data.pipeline), data.source, data.dir)
+        check_convertible(data, convert)
+        logging.info("no dataset in %s yet: converting %s with pipeline %r", data.dir,
+                     repr(data.source) if data.source else "its embedded data", data.pipeline)
+        writer.write_dataset(load_pipeline(data.pipeline, **data.pipeline_options), data.source, data.dir)
     return manifest_lib.read(data.dir)
 
 
+def check_convertible(data: config_lib.DataConfig, convert: bool) -> None:
+    """Raises DataError unless tftrain may convert into `data.dir` (see `ensure_dataset`)."""
+    foreign_files = (ownership.dataset_contents(data.dir).foreign
+                     if tf.io.gfile.isdir(data.dir) else ())
+    if foreign_files:
+        shown = ", ".join(sorted(foreign_files)[:3]) + (", ..." if len(foreign_files) > 3 else "")
+        records = [name for name in foreign_files if ".tfrecord" in name or "-of-" in name]
+        how = ("to train on these TFRecords, set data.format=tfrecord and data.pipeline=NAME "
+               "(the pipeline whose schema they follow) with data.info={num_classes: K}"
+               if records else "point data.dir at a tftrain dataset, or at a new or empty "
+               "directory to convert data.source into")
+        raise DataError(f"data.dir={data.dir} holds no tftrain dataset (no "
+                        f"{manifest_lib.MANIFEST_NAME}) but {len(foreign_files)} file(s) tftrain "
+                        f"did not write ({shown}); tftrain will not convert into it: {how}.")
+    if not convert:
+        raise DataError(
+            f"data.dir={data.dir} holds no tftrain dataset (no {manifest_lib.MANIFEST_NAME}), and "
+            f"it was set on the command line while the config's pipeline {data.pipeline!r} "
+            "converts its embedded data: tftrain does not train on that in place of yours. "
+            "Convert your data first (tftrain convert --output=...), or name it: "
+            "data.pipeline=NAME,data.source=PATH (converted on first use); add "
+            f"data.pipeline={data.pipeline} to put the {data.pipeline!r} data there.")
+
+
 def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: StepPlan,
-                   backup, timer, sigterm) -> list:
+                   backup, timer, sigterm, chief: bool = True) -> list:
     """The callbacks of `fit`, in the order they must run at each epoch end.
 
     The learning rate is added to the logs before TensorBoard writes them; the best checkpoint
@@ -187,7 +281,10 @@ def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: S
     mode = "min" if train_config.monitor.endswith("loss") else "max"
     callbacks = [
         LearningRateLogger(),
-        keras.callbacks.TensorBoard(log_dir=join(model_dir, run_dir.LOGS)),
+        Curves(model_dir, chief=chief),  # curves.png, with the learning rate: after the logger
+        keras.callbacks.TensorBoard(log_dir=join(model_dir, run_dir.LOGS),
+                                    profile_batch=config_lib.profile_steps(
+                                        train_config.profile_steps) or 0),
         keras.callbacks.ModelCheckpoint(
             join(model_dir, run_dir.CHECKPOINTS, "best"), monitor=train_config.monitor, mode=mode,
             save_best_only=True, save_weights_only=True),
@@ -211,14 +308,22 @@ def evaluate(model: keras.Model, dataset) -> dict:
 
 
 def export(model, export_dir: str) -> None:
-    """Saves a SavedModel under a temporary name, then moves it into place."""
+    """Saves a SavedModel under a temporary name, then moves it into place.
+
+    The SavedModel carries tftrain's marker, and an existing `export_dir` (or the temporary
+    directory of a killed save) is replaced only when tftrain wrote it (`run_dir.replaceable`).
+    """
+    run_dir.check_replaceable(export_dir)
     if export_dir.startswith("ram://"):
         # TensorFlow's in-memory filesystem loses a directory's files when it is renamed.
         remove(export_dir)
+        run_dir.mark_output(export_dir)
         model.save(export_dir, save_format="tf", include_optimizer=False)
         return
     tmp = export_dir + ".tmp"
+    run_dir.check_replaceable(tmp)
     remove(tmp)
+    run_dir.mark_output(tmp)
     model.save(tmp, save_format="tf", include_optimizer=False)
     remove(export_dir)
     tf.io.gfile.rename(tmp, export_dir)

@@ -9,12 +9,15 @@ TensorFlow at module level, so `--help` is fast; a command starts TensorFlow wit
 from __future__ import annotations
 
 import difflib
+import errno
 import importlib
-import logging as std_logging
+import re
 import sys
 
-from absl import app, flags, logging
+from absl import app, flags
 
+import tftrain
+from tftrain import log_filter
 from tftrain.errors import ConfigError, TftrainError
 
 COMMANDS = {
@@ -26,6 +29,8 @@ COMMANDS = {
     "quantize": "Quantize to TFLite (dynamic, int8, float16, qat), evaluated and gated on accuracy.",
     "launch": "Run a command (train) as N local multi-worker processes on loopback: launch -- train ...",
     "data_service": "Run a tf.data service dispatcher and/or worker (data.service_address).",
+    "check": "Dry-run a config for a target (tpu, gpu, cpu): every check that needs no hardware.",
+    "report": "Compare runs: one table of their metrics, sizes and speed; a PNG of their curves.",
 }
 
 HELP_ARGS = ("-h", "--help", "-?", "--helpshort")
@@ -68,13 +73,29 @@ def run(argv: list[str] | None = None) -> None:
         close = difflib.get_close_matches(name, COMMANDS, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         fail(f"unknown command {name!r}{hint}; commands: {', '.join(COMMANDS)}")
-    module = importlib.import_module(f"tftrain.cli.{name}")
     before_separator = args[1: args.index("--")] if "--" in args else args[1:]
-    if any(arg in HELP_ARGS for arg in before_separator):
+    wants_help = any(arg in HELP_ARGS for arg in before_separator)
+    if not wants_help:
+        _refuse_keras_3()
+    module = importlib.import_module(f"tftrain.cli.{name}")
+    if wants_help:
         print(command_help(name, module))
         sys.exit(0)
     app.run(_guarded(name, module), argv=[f"{PROG} {name}"] + args[1:],
             flags_parser=lambda command_argv: _parse_flags(name, command_argv))
+
+
+def _refuse_keras_3() -> None:
+    """Exits with one line when the environment selects Keras 3 (TF_USE_LEGACY_KERAS=0, ...).
+
+    Checked before a command starts, so before TensorFlow is imported. Refused rather than
+    forced to 1: the user set the variable on purpose, for their whole environment, and their
+    own code that tftrain runs (a `--pipeline=my.module`, a model builder) would otherwise get a
+    different `tf.keras` under tftrain than everywhere else; one line saying so costs one `unset`.
+    """
+    problem = tftrain.legacy_keras_problem()
+    if problem:
+        fail(problem, ConfigError.exit_code)
 
 
 def _parse_flags(name: str, argv: list[str]) -> list[str]:
@@ -93,10 +114,8 @@ def _guarded(name: str, module):
     """
 
     def guarded_main(argv):
-        if not flags.FLAGS["verbosity"].present:
-            logging.set_verbosity(logging.INFO)
-            # TensorFlow's own Python INFO lines (saver internals) would drown tftrain's.
-            std_logging.getLogger("tensorflow").setLevel(std_logging.WARNING)
+        if not flags.FLAGS["verbosity"].present:  # -v N shows every library's lines again
+            log_filter.install()
         try:
             if len(argv) > 1 and not getattr(module, "ACCEPTS_ARGUMENTS", False):
                 raise ConfigError(f"unexpected arguments {argv[1:]}: every option is a --flag")
@@ -107,5 +126,32 @@ def _guarded(name: str, module):
         except KeyboardInterrupt:
             print(f"{PROG} {name}: interrupted", file=sys.stderr)
             return 130
+        except Exception as e:  # noqa: BLE001  (only a full disk is turned into one line)
+            if not is_disk_full(e):
+                raise
+            print(f"{PROG} {name}: error: {disk_full_message(name, e)}", file=sys.stderr)
+            return 1
 
     return guarded_main
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """True for 'no space left on device', from Python's I/O (ENOSPC) or from TensorFlow's."""
+    if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+        return True
+    return (type(error).__module__.startswith("tensorflow")
+            and "No space left on device" in str(error))
+
+
+def disk_full_message(command: str, error: BaseException) -> str:
+    """One line for a full disk: where (when known), that nothing half-written is trusted, and
+    what to do."""
+    where = getattr(error, "filename", None)
+    if not where:  # TensorFlow names the file in its message: '... ; No space left on device'
+        text = re.sub(r"\{\{[^}]*\}\}\s*", "", str(error).splitlines()[0] if str(error) else "")
+        where = text.split(";")[0].strip() if ";" in text else ""
+    after = {"convert": "the partial output was removed",
+             "train": "the run resumes from its last backup",
+             }.get(command, "nothing half-written is kept as complete")
+    return (f"no space left on device{f' writing {where}' if where else ''}: {after}. Free space "
+            "(or write elsewhere) and run the same command again.")

@@ -5,6 +5,8 @@ time and listed in that command's `--help`.
 """
 from __future__ import annotations
 
+import re
+
 from absl import flags
 
 FLAGS = flags.FLAGS
@@ -35,6 +37,12 @@ _DEFINITIONS = {
     "data": lambda: flags.DEFINE_string(
         "data", None, "Dataset directory (with dataset.json)."),
     "split": lambda: flags.DEFINE_string("split", "test", "Dataset split to use."),
+    "pipeline": lambda: flags.DEFINE_string(
+        "pipeline", None, "Dataset kind: digits, image_folder, csv, numpy, tfds, jsonl, lmdb, or an "
+        "importable module of your own (my_pkg.my_data)."),
+    "pipeline_options": lambda: flags.DEFINE_string(
+        "pipeline_options", "", "Pipeline options as key=value,key=value (a value may contain "
+        "commas: columns=a,b,label_column=y)."),
     "overwrite": lambda: flags.DEFINE_bool(
         "overwrite", False, "Replace existing finished output instead of refusing."),
 }
@@ -55,3 +63,23 @@ def require(*names: str) -> None:
     missing = [f"--{name}" for name in names if FLAGS[name].value in (None, "")]
     if missing:
         raise ConfigError(f"missing required flag(s): {', '.join(missing)}")
+
+
+_OPTION_START = re.compile(r",\s*(?=[A-Za-z_][\w.-]*\s*=)")
+
+
+def parse_pipeline_options(text: str) -> dict[str, str]:
+    """Parses 'a=1,b=x,y' into {'a': '1', 'b': 'x,y'}: a comma starts an option only before `key=`."""
+    from tftrain.errors import ConfigError
+
+    options: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in _OPTION_START.split(text or ""))):
+        key, sep, value = part.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ConfigError(f"bad pipeline option {part!r} in --pipeline_options={text!r}: write "
+                              "key=value,key=value.")
+        if key in options:
+            raise ConfigError(f"pipeline option {key!r} is given twice in --pipeline_options={text!r}.")
+        options[key] = value.strip()
+    return options

@@ -14,22 +14,16 @@ Examples:
 """
 from __future__ import annotations
 
-import re
-
 from absl import flags
 
 from tftrain import quiet_start
-from tftrain.cli.common import require, use_flags
+from tftrain.cli.common import parse_pipeline_options, require, use_flags
 
 FLAGS = flags.FLAGS
-use_flags(__name__, "overwrite", "output")
-flags.DEFINE_string("pipeline", None, "Dataset kind: digits, image_folder, csv, numpy, tfds, jsonl, "
-                    "or an importable module of your own (my_pkg.my_data).")
+use_flags(__name__, "overwrite", "output", "pipeline", "pipeline_options")
 flags.DEFINE_string("input", "", "Raw input: a directory, file or TFDS name, as the pipeline expects.")
 flags.DEFINE_string("splits", None, "Split fractions, e.g. train:0.8,validation:0.1,test:0.1, "
                     "assigned from a hash of each row's key; default: the source's own splits.")
-flags.DEFINE_string("pipeline_options", "", "Pipeline options as key=value,key=value (a value may "
-                    "contain commas: columns=a,b,label_column=y).")
 flags.DEFINE_integer("workers", 0, "Worker processes, each writing its own shards; 0: all cores "
                      "(1 for a small input).")
 flags.DEFINE_integer("num_shards", None, "Shards per split (default: from --shard_size_mb).")
@@ -42,26 +36,6 @@ flags.DEFINE_enum("runner", "local", ["local", "beam"], "local: worker processes
                   "beam: an Apache Beam pipeline (pip install 'tftrain[beam]').")
 flags.DEFINE_string("beam_options", "", "Beam pipeline options for --runner=beam, e.g. "
                     "'--runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp'.")
-
-_OPTION_START = re.compile(r",\s*(?=[A-Za-z_][\w.-]*\s*=)")
-
-
-def parse_pipeline_options(text: str) -> dict[str, str]:
-    """Parses 'a=1,b=x,y' into {'a': '1', 'b': 'x,y'}: a comma starts an option only before `key=`."""
-    from tftrain.errors import ConfigError
-
-    options: dict[str, str] = {}
-    for part in filter(None, (p.strip() for p in _OPTION_START.split(text or ""))):
-        key, sep, value = part.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ConfigError(f"bad pipeline option {part!r} in --pipeline_options={text!r}: write "
-                              "key=value,key=value.")
-        if key in options:
-            raise ConfigError(f"pipeline option {key!r} is given twice in --pipeline_options={text!r}.")
-        options[key] = value.strip()
-    return options
-
 
 def main(argv):
     require("pipeline", "output")

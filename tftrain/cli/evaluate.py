@@ -2,14 +2,16 @@
 
 Prints the metrics and writes them as JSON (--output, default <model>/../eval_<split>.json).
 Example: tftrain evaluate --model=runs/demo/export --data=data/digits --split=test
+TFRecords written by other tools (no dataset.json): add --pipeline=NAME, the pipeline whose
+schema they follow (--data is then a directory of <split>-* files or a glob with {split}).
 """
 from absl import flags
 
 from tftrain import quiet_start
-from tftrain.cli.common import require, use_flags
+from tftrain.cli.common import parse_pipeline_options, require, use_flags
 
 FLAGS = flags.FLAGS
-use_flags(__name__, "data", "split", "output")
+use_flags(__name__, "data", "split", "output", "pipeline", "pipeline_options")
 flags.DEFINE_string("model", None, "SavedModel directory (e.g. RUN/export) or a .tflite file.")
 flags.DEFINE_integer("batch_size", 256, "Evaluation batch size.")
 
@@ -20,6 +22,7 @@ def main(argv):
     from tftrain import evaluate
 
     metrics = evaluate.evaluate(FLAGS.model, FLAGS.data, FLAGS.split, FLAGS.batch_size,
-                                output=FLAGS.output)
+                                output=FLAGS.output, pipeline=FLAGS.pipeline,
+                                pipeline_options=parse_pipeline_options(FLAGS.pipeline_options))
     print(" ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
     return 0

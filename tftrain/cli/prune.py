@@ -4,7 +4,7 @@ Runs under the run's own strategy, data and optimizer (its params.yaml); writes 
 SavedModel, float.tflite and model.tflite) and RUN/pruned/report.json (per-layer and overall
 sparsity, parameter counts, gzip sizes and accuracy before/after on the evaluation split), then
 prints the comparison table. Exits non-zero if a pruned layer misses the target sparsity.
-Example: tftrain prune --model_dir=runs/demo --target_sparsity=0.8 --epochs=4
+Example: tftrain prune --model_dir=runs/demo --target_sparsity=0.8
 """
 from absl import flags
 
@@ -16,7 +16,9 @@ use_flags(__name__, "model_dir", "strategy", "split")
 flags.DEFINE_float("target_sparsity", 0.8, "Fraction of each pruned kernel set to zero, in (0, 1).")
 flags.DEFINE_string("sparsity_m_by_n", "", "Structured sparsity instead of a fraction: M:N keeps "
                     "at most N-M non-zeros in every N consecutive input-channel weights, e.g. 2:4.")
-flags.DEFINE_integer("epochs", 4, "Fine-tuning epochs (mask updates are spread over them).")
+flags.DEFINE_integer("epochs", None, "Fine-tuning epochs (mask updates are spread over them); "
+                     "default: enough for the data, at least 2 epochs and 400 steps.",
+                     lower_bound=1)
 flags.DEFINE_enum("pruning_schedule", "polynomial", ["polynomial", "constant"],
                   "Sparsity ramp: polynomial (0 -> target over 2/3 of the steps) or constant.")
 flags.DEFINE_integer("min_weights_to_prune", 2048, "Layers whose kernels hold fewer weights stay "

@@ -34,8 +34,10 @@ def main(argv):
         cluster.set_tf_config(FLAGS.worker_hosts, FLAGS.task_index)  # before TensorFlow starts
         flag_values.setdefault("runtime.strategy", "multi_worker_mirrored")
     config = config_lib.build_config(FLAGS.config, flag_values, FLAGS.params_override)
+    convert_data = config_lib.conversion_allowed(config, FLAGS.params_override)
 
-    workers = cluster.num_workers()
+    # runtime.cluster (TF_CONFIG, SLURM, Kubernetes) is read and checked here, before TensorFlow.
+    workers = cluster.use(config.runtime.cluster).num_workers
     if workers > 1 and not FLAGS.model_dir:
         raise ConfigError(f"multi-worker training ({workers} workers) needs --model_dir, the same "
                           "on every worker (a shared filesystem or gs://)")
@@ -45,7 +47,7 @@ def main(argv):
 
     model_dir = FLAGS.model_dir or run_dir.new_run_dir(FLAGS.config)
     print(f"run directory: {model_dir}", flush=True)
-    summary = train.train(config, model_dir, overwrite=FLAGS.overwrite)
+    summary = train.train(config, model_dir, overwrite=FLAGS.overwrite, convert_data=convert_data)
     metrics = ", ".join(f"{k}={v:.4f}" for k, v in summary["eval"].items() if isinstance(v, float))
     print(f"{summary['eval']['split']} split: {metrics}")
     if cluster.is_chief():

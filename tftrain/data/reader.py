@@ -47,7 +47,8 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
          cache: str = "none", drop_remainder: bool | None = None, repeat: bool = False,
          seed: int | None = None, pipeline: str | None = None,
          pipeline_options: dict | None = None, info: dict | None = None,
-         service_address: str = "", service_mode: str = "parallel_epochs") -> tf.data.Dataset:
+         service_address: str = "", service_mode: str = "parallel_epochs",
+         deterministic: bool | None = None) -> tf.data.Dataset:
     """Returns a batched dataset of `(inputs, label)` read from `data_dir`'s `split`.
 
     `batch_size` is the size of the batches this pipeline yields. Under a strategy, use
@@ -56,6 +57,8 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     whole shard files when there are at least as many files as input pipelines, else every
     n-th example (with a warning). When training, shard files are shuffled each epoch and read in parallel in a
     non-deterministic order, then examples are shuffled; evaluation reads in file order.
+    `deterministic=True` makes training's order a function of `seed` alone (two iterators of the
+    same dataset then yield the same batches, which sharding by example after the fact needs).
     Examples are batched first and then parsed and decoded a batch at a time.
 
     `cache`: "records" keeps the serialized examples in memory after the first pass (no file
@@ -81,6 +84,8 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     pipeline = load_pipeline(pipeline or manifest["pipeline"], **(pipeline_options or {}))
     if drop_remainder is None:
         drop_remainder = training
+    if deterministic is None:
+        deterministic = not training
 
     dataset = tf.data.Dataset.from_tensor_slices(files)
     if input_context and input_context.num_input_pipelines > 1:
@@ -102,7 +107,7 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     dataset = dataset.interleave(
         lambda file: tf.data.TFRecordDataset(file).batch(RECORDS_PER_READ),
         cycle_length=min(len(files), 16) or 1, num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=not training).unbatch()
+        deterministic=deterministic).unbatch()
     if not per_pipeline_files:
         dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     spec = parse_spec(manifest.get("features") or pipeline.features(info))
@@ -117,7 +122,7 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
         dataset = dataset.cache()
     if cache == "decoded":  # decoded in batches as usual, then kept one example at a time
         dataset = dataset.batch(RECORDS_PER_READ).map(
-            parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=not training)
+            parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
         dataset = dataset.unbatch()
         check_fixed_shapes(dataset, pipeline.name)
         dataset = dataset.cache()
@@ -133,7 +138,7 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches))
     if cache != "decoded":
         dataset = dataset.map(parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE,
-                              deterministic=not training)
+                              deterministic=deterministic)
     if service_address:  # everything above runs on the tf.data service workers
         from tftrain import data_service
 

@@ -15,6 +15,7 @@ from absl import logging
 from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
     default_8bit_quantize_registry)
 
+from tftrain import quiet_start
 from tftrain.errors import ConfigError, TftrainError
 from tftrain.optimize import finetune as finetune_lib
 from tftrain.optimize.keras_model import check_tf_keras, clone_float32, is_mixed_precision
@@ -85,7 +86,8 @@ def convert(model: keras.Model, mode: str = "float", *, representative_data=None
         converter.inference_input_type = tf.int8
         converter.inference_output_type = tf.int8
     try:
-        return converter.convert()
+        with quiet_start.hiding_native_chatter():
+            return converter.convert()
     except Exception as e:  # ConverterError, ValueError, ...: one message naming the model
         lines = [line for line in str(e).splitlines() if "error" in line.lower()] or [str(e)]
         raise TftrainError(

@@ -15,8 +15,7 @@ from absl import logging
 from tftrain import config as config_lib
 from tftrain import data as data_lib
 from tftrain import cluster, distribute, optimizers, run_dir, train
-from tftrain.data import manifest as manifest_lib
-from tftrain.data import reader
+from tftrain.data import foreign, reader
 from tftrain.errors import ConfigError, TftrainError
 from tftrain.fileio import join, write_atomic, write_json
 from tftrain.optimize import metrics, prune, quantize, report, sizes, tflite_eval
@@ -63,19 +62,20 @@ def _strategy(config: config_lib.Config):
 
 def _eval_data(config: config_lib.Config, split: str | None):
     split = split or config.data.test_split
-    return split, data_lib.load(config.data.dir, split, config.data.batch_size, training=False)
+    return split, data_lib.load(config.data.dir, split, config.data.batch_size, training=False,
+                                **foreign.load_kwargs(config.data))
 
 
 def _train_data(config: config_lib.Config, strategy):
     """The run's training input (same reader, split, global batch, shuffling), repeated, and the
     number of steps in one pass over it."""
-    manifest = manifest_lib.read(config.data.dir)
+    manifest = foreign.read_manifest(config.data)
     num_examples = manifest["splits"][config.data.train_split]["num_examples"]
     steps_per_epoch = config.train.steps_per_epoch or max(1, num_examples // config.data.batch_size)
     dataset = reader.load_distributed(
         strategy, config.data.dir, config.data.train_split, config.data.batch_size, training=True,
         shuffle_buffer=config.data.shuffle_buffer, cache=config.data.cache, repeat=True,
-        seed=config.train.seed)
+        seed=config.train.seed, **foreign.load_kwargs(config.data))
     return dataset, steps_per_epoch
 
 
@@ -115,81 +115,87 @@ def _add_latencies(measured: dict, eval_data, num_threads: int) -> None:
 
 
 def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | None = None,
-              epochs: int = 4, schedule: str = "polynomial", learning_rate: float | None = None,
-              min_weights: int = prune.DEFAULT_MIN_WEIGHTS, split: str | None = None,
+              epochs: int | None = None, schedule: str = "polynomial",
+              learning_rate: float | None = None, min_weights: int = prune.DEFAULT_MIN_WEIGHTS, split: str | None = None,
               strategy_name: str | None = None, num_threads: int = 1,
               max_eval_examples: int | None = None, strategy=None) -> dict:
     """Prunes `model_dir/export` under the run's strategy, data and optimizer; writes `pruned/`.
 
-    Returns the report also written to `pruned/report.json`. Raises `TftrainError` after writing
-    it when a pruned layer missed its target sparsity (or its m:n structure).
+    `epochs=None` fine-tunes for `prune.finetune_epochs` of the training split (enough steps
+    for the data, whatever its size). Returns the report also written to `pruned/report.json`.
+    Raises `TftrainError` after writing it when a pruned layer missed its target sparsity (or
+    its m:n structure).
     """
     prune.check_target_sparsity(target_sparsity)
     structure = prune.parse_m_by_n(m_by_n)
-    if epochs < 1:
+    if epochs is not None and epochs < 1:
         raise ConfigError(f"--epochs={epochs}: pruning needs at least one fine-tuning epoch")
     config = load_run_config(model_dir, strategy_name)
     source = model_path(model_dir, "export")
+    out = join(model_dir, report.PRUNED)
+    run_dir.check_replaceable(out)
     # The strategy comes first: no TensorFlow op may run before it is built.
     strategy = strategy or _strategy(config)
-    keras.utils.set_random_seed(config.train.seed)
-    train_data, steps_per_epoch = _train_data(config, strategy)
-    split, eval_data = _eval_data(config, split)
+    # One writer per run directory: not while it is trained, pruned or quantized elsewhere.
+    with run_dir.lock(model_dir, "tftrain prune", cluster.is_chief(strategy)):
+        keras.utils.set_random_seed(config.train.seed)
+        train_data, steps_per_epoch = _train_data(config, strategy)
+        split, eval_data = _eval_data(config, split)
+        epochs = epochs or prune.finetune_epochs(steps_per_epoch)
 
-    model = load_keras_model(source)
-    before = prune.sparsity_report(model)
-    accuracy_before = metrics.keras_accuracy(model, eval_data)
-    result = prune.prune_model(
-        model, train_data, steps_per_epoch=steps_per_epoch, epochs=epochs,
-        target_sparsity=target_sparsity, m_by_n=structure, schedule=schedule,
-        min_weights=min_weights,
-        optimizer_fn=_optimizer_fn(config, learning_rate, steps_per_epoch, epochs),
-        strategy=strategy,
-        verbose=2 if logging.level_info() else 0)
-    after = prune.sparsity_report(result.model, result.pruned_weights, structure)
-    accuracy_after = metrics.keras_accuracy(result.model, eval_data)
+        model = load_keras_model(source)
+        before = prune.sparsity_report(model)
+        accuracy_before = metrics.keras_accuracy(model, eval_data)
+        result = prune.prune_model(
+            model, train_data, steps_per_epoch=steps_per_epoch, epochs=epochs,
+            target_sparsity=target_sparsity, m_by_n=structure, schedule=schedule,
+            min_weights=min_weights,
+            optimizer_fn=_optimizer_fn(config, learning_rate, steps_per_epoch, epochs),
+            strategy=strategy,
+            verbose=2 if logging.level_info() else 0)
+        after = prune.sparsity_report(result.model, result.pruned_weights, structure)
+        accuracy_after = metrics.keras_accuracy(result.model, eval_data)
 
-    # Every worker takes part in the save; non-chief workers into a temporary directory.
-    out = join(model_dir, report.PRUNED)
-    written = cluster.write_dir_for(out, strategy)
-    train.export(result.model, written)
-    cluster.cleanup(written, out)
-    if not cluster.is_chief(strategy):
-        return {"sparsity": after["sparsity"], "accuracy_after": accuracy_after}
-    tflite = {name: _tflite_measure(quantize.convert(m, "float"), join(out, f"{name}.tflite"),
-                                    eval_data, max_eval_examples)
-              for name, m in (("float", model), ("model", result.model))}
-    _add_latencies(tflite, eval_data, num_threads)
-    summary = {
-        "source": source, "split": split, "strategy": distribute.strategy_name(strategy),
-        "num_replicas": strategy.num_replicas_in_sync,
-        "target_sparsity": None if structure else target_sparsity,
-        "sparsity_m_by_n": m_by_n or None, "schedule": dataclasses.asdict(result.schedule),
-        "epochs": epochs, "steps_per_epoch": steps_per_epoch,
-        "learning_rate": fine_tuning_rate(config, learning_rate),
-        "sparsity": after["sparsity"], "sparsity_before": before["sparsity"],
-        "num_params": after["num_params"], "pruned_params": after["pruned_params"],
-        "nonzero_params_before": before["nonzero_params"],
-        "nonzero_params_after": after["nonzero_params"],
-        "gzip_bytes_before": sizes.gzip_weights_bytes(model),
-        "gzip_bytes_after": sizes.gzip_weights_bytes(result.model),
-        "accuracy_before": accuracy_before, "accuracy_after": accuracy_after,
-        "accuracy_drop": accuracy_before - accuracy_after,
-        "unsupported_layers": result.unsupported_layers,
-        "min_weights_to_prune": min_weights, "small_layers": result.small_layers,
-        "layers": after["layers"],
-        "float_tflite": tflite["float"],
-        "tflite": tflite["model"],
-    }
-    summary["gzip_ratio"] = summary["gzip_bytes_after"] / summary["gzip_bytes_before"]
-    summary["problems"] = prune.check_sparsity_reached(after, target_sparsity, structure)
-    write_json(join(out, report.REPORT), summary)
-    logging.info("pruned model and report in %s", out)
-    if summary["problems"]:
-        raise TftrainError(f"pruning missed its target ({'; '.join(summary['problems'])}); the "
-                           f"report is in {out}/{report.REPORT}. Fine-tune longer (--epochs) or "
-                           "check the layers named.")
-    return summary
+        # Every worker takes part in the save; non-chief workers into a temporary directory.
+        written = cluster.write_dir_for(out, strategy)
+        train.export(result.model, written)
+        cluster.cleanup(written, out)
+        if not cluster.is_chief(strategy):
+            return {"sparsity": after["sparsity"], "accuracy_after": accuracy_after}
+        tflite = {name: _tflite_measure(quantize.convert(m, "float"), join(out, f"{name}.tflite"),
+                                        eval_data, max_eval_examples)
+                  for name, m in (("float", model), ("model", result.model))}
+        _add_latencies(tflite, eval_data, num_threads)
+        summary = {
+            "source": source, "split": split, "strategy": distribute.strategy_name(strategy),
+            "num_replicas": strategy.num_replicas_in_sync,
+            "target_sparsity": None if structure else target_sparsity,
+            "sparsity_m_by_n": m_by_n or None, "schedule": dataclasses.asdict(result.schedule),
+            "epochs": epochs, "steps_per_epoch": steps_per_epoch,
+            "learning_rate": fine_tuning_rate(config, learning_rate),
+            "sparsity": after["sparsity"], "sparsity_before": before["sparsity"],
+            "num_params": after["num_params"], "pruned_params": after["pruned_params"],
+            "nonzero_params_before": before["nonzero_params"],
+            "nonzero_params_after": after["nonzero_params"],
+            "gzip_bytes_before": sizes.gzip_weights_bytes(model),
+            "gzip_bytes_after": sizes.gzip_weights_bytes(result.model),
+            "accuracy_before": accuracy_before, "accuracy_after": accuracy_after,
+            "accuracy_drop": accuracy_before - accuracy_after,
+            "unsupported_layers": result.unsupported_layers,
+            "min_weights_to_prune": min_weights, "small_layers": result.small_layers,
+            "layers": after["layers"],
+            "float_tflite": tflite["float"],
+            "tflite": tflite["model"],
+        }
+        summary["gzip_ratio"] = summary["gzip_bytes_after"] / summary["gzip_bytes_before"]
+        summary["problems"] = prune.check_sparsity_reached(after, target_sparsity, structure)
+        write_json(join(out, report.REPORT), summary)
+        logging.info("pruned model and report in %s", out)
+        if summary["problems"]:
+            raise TftrainError(f"pruning missed its target ({'; '.join(summary['problems'])}); "
+                               f"the report is in {out}/{report.REPORT}. Fine-tune longer "
+                               "(--epochs) or check the layers named.")
+        return summary
 
 
 def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
@@ -212,73 +218,77 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
         raise ConfigError(f"--max_accuracy_drop={max_accuracy_drop} must be >= 0")
     config = load_run_config(model_dir, strategy_name)
     path = model_path(model_dir, source)
+    out = join(model_dir, report.QUANTIZED)
+    run_dir.check_replaceable(out)
     if "qat" in modes and strategy is None:
         strategy = _strategy(config)  # first: no TensorFlow op may run before it is built
-    split, eval_data = _eval_data(config, split)
-    model = load_keras_model(path)
-    out = join(model_dir, report.QUANTIZED)
-    tf.io.gfile.makedirs(out)
+    with run_dir.lock(model_dir, "tftrain quantize", cluster.is_chief(strategy)):
+        split, eval_data = _eval_data(config, split)
+        model = load_keras_model(path)
+        run_dir.mark_output(out)
 
-    float_name = report.model_name("float", source)
-    measured = {float_name: _tflite_measure(
-        quantize.convert(model, "float"), join(out, f"model_{float_name}.tflite"), eval_data,
-        max_eval_examples)}
-    extras = {}
-    for mode in modes:
-        to_convert, extra = model, {}
-        if mode == "qat":
-            train_data, steps_per_epoch = _train_data(config, strategy)
-            to_convert, float_layers = quantize.quantization_aware_training(
-                model, train_data, steps_per_epoch=steps_per_epoch, epochs=qat_epochs,
-                preserve_sparsity=source == "pruned",
-                optimizer_fn=_optimizer_fn(config, qat_learning_rate, steps_per_epoch, qat_epochs),
-                strategy=strategy, verbose=2 if logging.level_info() else 0)
-            extra = {"float_layers": float_layers, "qat_epochs": qat_epochs}
-            if not cluster.is_chief(strategy):  # multi-worker: the chief converts and reports
-                return []
-        calibration = None
-        if mode == "int8":
-            calibration = data_lib.load(config.data.dir, config.data.train_split,
-                                        config.data.batch_size, training=True,
-                                        seed=config.train.seed)
-            extra = {"num_calibration_examples": num_calibration_examples}
-        content = quantize.convert(to_convert, mode, representative_data=calibration,
-                                   num_calibration_examples=num_calibration_examples,
-                                   int8_io=int8_io and mode in ("int8", "qat"))
-        name = report.model_name(mode, source)
-        measured[name] = _tflite_measure(content, join(out, f"model_{name}.tflite"), eval_data,
-                                         max_eval_examples)
-        extras[mode] = extra
-    _add_latencies(measured, eval_data, num_threads)
+        float_name = report.model_name("float", source)
+        measured = {float_name: _tflite_measure(
+            quantize.convert(model, "float"), join(out, f"model_{float_name}.tflite"), eval_data,
+            max_eval_examples)}
+        extras = {}
+        for mode in modes:
+            to_convert, extra = model, {}
+            if mode == "qat":
+                train_data, steps_per_epoch = _train_data(config, strategy)
+                to_convert, float_layers = quantize.quantization_aware_training(
+                    model, train_data, steps_per_epoch=steps_per_epoch, epochs=qat_epochs,
+                    preserve_sparsity=source == "pruned",
+                    optimizer_fn=_optimizer_fn(config, qat_learning_rate, steps_per_epoch,
+                                               qat_epochs),
+                    strategy=strategy, verbose=2 if logging.level_info() else 0)
+                extra = {"float_layers": float_layers, "qat_epochs": qat_epochs}
+                if not cluster.is_chief(strategy):  # multi-worker: the chief converts and reports
+                    return []
+            calibration = None
+            if mode == "int8":
+                calibration = data_lib.load(config.data.dir, config.data.train_split,
+                                            config.data.batch_size, training=True,
+                                            seed=config.train.seed)
+                extra = {"num_calibration_examples": num_calibration_examples}
+            content = quantize.convert(to_convert, mode, representative_data=calibration,
+                                       num_calibration_examples=num_calibration_examples,
+                                       int8_io=int8_io and mode in ("int8", "qat"))
+            name = report.model_name(mode, source)
+            measured[name] = _tflite_measure(content, join(out, f"model_{name}.tflite"), eval_data,
+                                             max_eval_examples)
+            extras[mode] = extra
+        _add_latencies(measured, eval_data, num_threads)
 
-    reference = measured[float_name]
-    reports, failures = [], []
-    for mode in modes:
-        result = measured[report.model_name(mode, source)]
-        drop = reference["accuracy"] - result["accuracy"]
-        entry = {
-            "mode": mode, "source": source, "model": path, "split": split,
-            "tflite_path": result["path"], "tflite_bytes": result["tflite_bytes"],
-            "gzip_bytes": result["gzip_bytes"], "accuracy": result["accuracy"],
-            "latency_ms": result["latency_ms"], "num_examples": result["num_examples"],
-            "float_tflite_path": reference["path"],
-            "float_tflite_bytes": reference["tflite_bytes"],
-            "float_gzip_bytes": reference["gzip_bytes"],
-            "float_accuracy": reference["accuracy"], "float_latency_ms": reference["latency_ms"],
-            "accuracy_drop": drop, "max_accuracy_drop": max_accuracy_drop,
-            "size_ratio": result["tflite_bytes"] / reference["tflite_bytes"],
-            "latency_ratio": result["latency_ms"] / reference["latency_ms"],
-            "int8_io": bool(int8_io and mode in ("int8", "qat")),
-            "passed": drop <= max_accuracy_drop + 1e-9, **extras[mode],
-        }
-        report_path = report.write_quantized_report(model_dir, entry)
-        reports.append(entry)
-        if not entry["passed"]:
-            failures.append(
-                f"{report.model_name(mode, source)}: accuracy {entry['accuracy']:.4f} vs float "
-                f"{entry['float_accuracy']:.4f} (drop {drop:.4f} > --max_accuracy_drop="
-                f"{max_accuracy_drop}); report kept at {report_path}")
-    logging.info("quantized models and reports in %s", out)
-    if failures:
-        raise TftrainError("quantization lost too much accuracy: " + "; ".join(failures))
-    return reports
+        reference = measured[float_name]
+        reports, failures = [], []
+        for mode in modes:
+            result = measured[report.model_name(mode, source)]
+            drop = reference["accuracy"] - result["accuracy"]
+            entry = {
+                "mode": mode, "source": source, "model": path, "split": split,
+                "tflite_path": result["path"], "tflite_bytes": result["tflite_bytes"],
+                "gzip_bytes": result["gzip_bytes"], "accuracy": result["accuracy"],
+                "latency_ms": result["latency_ms"], "num_examples": result["num_examples"],
+                "float_tflite_path": reference["path"],
+                "float_tflite_bytes": reference["tflite_bytes"],
+                "float_gzip_bytes": reference["gzip_bytes"],
+                "float_accuracy": reference["accuracy"],
+                "float_latency_ms": reference["latency_ms"],
+                "accuracy_drop": drop, "max_accuracy_drop": max_accuracy_drop,
+                "size_ratio": result["tflite_bytes"] / reference["tflite_bytes"],
+                "latency_ratio": result["latency_ms"] / reference["latency_ms"],
+                "int8_io": bool(int8_io and mode in ("int8", "qat")),
+                "passed": drop <= max_accuracy_drop + 1e-9, **extras[mode],
+            }
+            report_path = report.write_quantized_report(model_dir, entry)
+            reports.append(entry)
+            if not entry["passed"]:
+                failures.append(
+                    f"{report.model_name(mode, source)}: accuracy {entry['accuracy']:.4f} vs float "
+                    f"{entry['float_accuracy']:.4f} (drop {drop:.4f} > --max_accuracy_drop="
+                    f"{max_accuracy_drop}); report kept at {report_path}")
+        logging.info("quantized models and reports in %s", out)
+        if failures:
+            raise TftrainError("quantization lost too much accuracy: " + "; ".join(failures))
+        return reports

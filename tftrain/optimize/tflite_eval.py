@@ -12,6 +12,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from tftrain import quiet_start
 from tftrain.errors import TftrainError
 from tftrain.fileio import read_bytes
 from tftrain.optimize import metrics, sizes
@@ -38,17 +39,18 @@ class TfliteModel:
             raise TftrainError(f"no TFLite model at {model}")
         content = model if isinstance(model, (bytes, bytearray)) else read_bytes(model)
         self.size = len(content)
-        try:
-            self.interpreter = interpreter_class()(model_content=bytes(content),
-                                                   num_threads=num_threads)
-        except (ValueError, RuntimeError) as e:
-            where = "" if isinstance(model, (bytes, bytearray)) else f" {model}"
-            raise TftrainError(f"cannot load the TFLite model{where}: {e}") from e
-        self._inputs = self._input_details()
-        for detail in self._inputs.values():
-            shape = list(detail["shape_signature"])
-            self.interpreter.resize_tensor_input(detail["index"], [1] + shape[1:])
-        self.interpreter.allocate_tensors()
+        with quiet_start.hiding_native_chatter():  # "Created TensorFlow Lite XNNPACK delegate"
+            try:
+                self.interpreter = interpreter_class()(model_content=bytes(content),
+                                                       num_threads=num_threads)
+            except (ValueError, RuntimeError) as e:
+                where = "" if isinstance(model, (bytes, bytearray)) else f" {model}"
+                raise TftrainError(f"cannot load the TFLite model{where}: {e}") from e
+            self._inputs = self._input_details()
+            for detail in self._inputs.values():
+                shape = list(detail["shape_signature"])
+                self.interpreter.resize_tensor_input(detail["index"], [1] + shape[1:])
+            self.interpreter.allocate_tensors()
         self._output = self.interpreter.get_output_details()[0]
 
     def _input_details(self) -> dict:

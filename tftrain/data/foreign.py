@@ -1,0 +1,62 @@
+"""Training on TFRecords that tftrain did not write (`data.format: tfrecord`).
+
+Such a directory has no dataset.json, so the config says what a manifest would: the pipeline
+whose schema the records follow (`data.pipeline`, built with `data.pipeline_options`) and the
+metadata its decode and the model need (`data.info`, e.g. `{num_classes: 10}`). Files are found
+per split by `reader.foreign_files` (a directory of `<split>-*` files, or a glob with
+`{split}`). Nothing is ever written into that directory.
+"""
+from __future__ import annotations
+
+from absl import logging
+
+from tftrain.errors import DataError
+
+
+def load_kwargs(data) -> dict:
+    """The keyword arguments of `tftrain.data.load` that read `data` (a `DataConfig`) as the
+    config describes it: none for a tftrain dataset (its manifest says everything)."""
+    if data.format != "tfrecord":
+        return {}
+    return {"pipeline": data.pipeline, "pipeline_options": dict(data.pipeline_options),
+            "info": dict(data.info)}
+
+
+def read_manifest(data) -> dict:
+    """The manifest of `data` (a `DataConfig`): dataset.json for a tftrain dataset, else what
+    `describe` finds for its train, eval and test splits."""
+    if data.format != "tfrecord":
+        from tftrain.data import manifest as manifest_lib
+
+        return manifest_lib.read(data.dir)
+    return describe(data, [data.train_split, data.eval_split, data.test_split])
+
+
+def describe(data, splits: list[str], count: bool = True) -> dict:
+    """A manifest-like dict for foreign TFRecords: pipeline, info, features, and per split its
+    files and (when `count`) its number of records, counted by reading the files once.
+
+    Raises DataError naming the split and the pattern when a split has no files.
+    """
+    import tensorflow as tf
+
+    from pipelines import load_pipeline
+    from tftrain.data import reader
+
+    pipeline = load_pipeline(data.pipeline, **data.pipeline_options)
+    entries = {}
+    for split in dict.fromkeys(splits):
+        files = reader.foreign_files(data.dir, split)
+        entry = {"shards": [{"file": f} for f in files]}
+        if count:
+            try:
+                entry["num_examples"] = int(tf.data.TFRecordDataset(files).reduce(
+                    tf.constant(0, tf.int64), lambda n, _: n + 1))
+            except tf.errors.OpError as e:
+                raise DataError(f"cannot read the {split!r} TFRecord files under {data.dir}: "
+                                f"{e.message.splitlines()[0]}") from None
+            logging.info("data.format=tfrecord: %s has %s records in %d file(s)", split,
+                         f"{entry['num_examples']:,}", len(files))
+        entries[split] = entry
+    return {"pipeline": pipeline.name, "info": dict(data.info), "splits": entries,
+            "features": pipeline.features(dict(data.info)), "format": "tfrecord"}
