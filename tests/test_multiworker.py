@@ -16,6 +16,7 @@ import yaml
 
 from tests.launch_testutil import Running, pid_alive
 from tftrain.launch import free_ports
+from tftrain.export import saved_model_dir
 
 EPOCHS = 5  # one worker needs about as many for >= 0.95 test accuracy on digits
 BOUND = 420  # seconds any launch here may take before the test calls it a hang
@@ -65,7 +66,7 @@ def test_only_the_chief_writes_run_files(two_worker_run):
     run_dir = root / "run"
     params = yaml.safe_load((run_dir / "params.yaml").read_text())
     assert params["train"]["epochs"] == EPOCHS
-    assert (run_dir / "export/saved_model.pb").exists()
+    assert list(run_dir.glob("export/*/saved_model.pb"))
     for logs in ("logs/train", "logs/validation"):
         assert [f for f in os.listdir(run_dir / logs) if f.startswith("events.out")]
     everything = [os.path.join(d, f) for d, dirs, files in os.walk(run_dir) for f in dirs + files]
@@ -85,7 +86,7 @@ def test_weights_are_equal_on_both_workers(two_worker_run):
     # ... and they are the weights of the chief's export.
     import tf_keras as keras
 
-    exported = keras.models.load_model(str(root / "run/export"), compile=False).get_weights()
+    exported = keras.models.load_model(saved_model_dir(str(root / "run/export")), compile=False).get_weights()
     for name, array in zip(chief.files, exported):
         np.testing.assert_array_equal(chief[name], array)
 

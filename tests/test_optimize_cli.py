@@ -15,6 +15,7 @@ import tf_keras as keras
 from tests.conftest import run_cli
 from tests.test_output_ownership import hold_run_lock, stop
 from tftrain.optimize import tflite_eval
+from tftrain.export import saved_model_dir
 
 SMALL_MODEL = "model.params={filters: [16, 32], dense_units: 64, dropout: 0.0}"
 
@@ -61,6 +62,10 @@ def test_prune_then_quantize_then_evaluate(run, digits_dir, capsys, tmp_path):
         == set(report["small_layers"])
     assert report["problems"] == [] and report["schedule"]["frequency"] < 100
     assert report["gzip_bytes_after"] < 0.6 * report["gzip_bytes_before"]
+    for entry in (report["float_tflite"], report["tflite"]):
+        assert entry["latency_ms"] > 0 and entry["throughput_ms_per_example"] > 0
+        assert (entry["latency_batch_size"], entry["throughput_batch_size"],
+                entry["num_threads"]) == (1, 256, 1)
     assert report["nonzero_params_after"] < 0.4 * report["nonzero_params_before"]
     # accuracy_before is the trained model's accuracy on the evaluation (test) split.
     assert abs(report["accuracy_before"] - summary["eval"]["accuracy"]) < 1e-6
@@ -75,13 +80,20 @@ def test_prune_then_quantize_then_evaluate(run, digits_dir, capsys, tmp_path):
     table = capsys.readouterr().out
     for row in ("| float |", "| pruned |", "| int8 |", "| float16 |"):
         assert row in table
+    assert ("| latency ms/example (batch 1, 1 thread) | ms/example (batch 256, 1 thread) |"
+            in table)
     int8 = _read(run / "quantized/report_int8.json")
     float16 = _read(run / "quantized/report_float16.json")
     assert _read(run / "quantized/report.json") == float16
     for r in (int8, float16):
-        for key in ("mode", "tflite_bytes", "float_tflite_bytes", "accuracy", "float_accuracy",
-                    "latency_ms", "float_latency_ms"):
+        for key in ("mode", "tflite_bytes", "float_tflite_bytes", "accuracy", "float_accuracy"):
             assert key in r, key
+        # Two times of each model, with the batch sizes and threads they were measured at.
+        for key in ("latency_ms", "float_latency_ms", "throughput_ms_per_example",
+                    "float_throughput_ms_per_example", "latency_ratio", "throughput_ratio"):
+            assert isinstance(r[key], float) and r[key] > 0, key
+        assert r["latency_batch_size"] == 1 and r["throughput_batch_size"] == 256
+        assert r["num_threads"] == 1 and r["cpu"]
         assert r["passed"] and r["float_accuracy"] - r["accuracy"] <= 0.01
         assert r["num_examples"] == 189
     assert int8["tflite_bytes"] < 0.5 * int8["float_tflite_bytes"]  # small model: fixed overhead
@@ -118,7 +130,7 @@ def test_pruning_preserving_qat_from_the_pruned_model(run, capsys):
 
 def test_accuracy_gate_fires_and_keeps_the_report(run, tmp_path, capsys):
     broken = _copy_run(run, tmp_path / "broken", with_export=False)
-    model = keras.models.load_model(str(run / "export"), compile=False)
+    model = keras.models.load_model(saved_model_dir(str(run / "export")), compile=False)
     # One hidden unit always outputs 1e4 and feeds nothing: the float model is unchanged, but int8
     # activations of that layer get a step of ~40, which wipes out every other unit.
     dense = _hidden_dense(model)
@@ -204,6 +216,7 @@ def test_demo_table_from_reports(tmp_path):
 
     assert "no prune or quantize reports" in report.demo_table(str(tmp_path))
     (tmp_path / "pruned").mkdir()
+    # A report of an older version: one latency, no batch sizes or threads.
     measured = {"accuracy": 0.9, "tflite_bytes": 4000, "gzip_bytes": 1000, "latency_ms": 2.0}
     (tmp_path / "pruned/report.json").write_text(json.dumps({
         "sparsity": 0.8, "sparsity_m_by_n": None,
@@ -211,13 +224,25 @@ def test_demo_table_from_reports(tmp_path):
         "tflite": measured}))
     table = report.demo_table(str(tmp_path))
     assert "| float | 0.9200 |" in table
-    assert ("| pruned | 0.9000 (-2.0 pt) | 3.9 (1.00x) | 1.0 (0.28x) | 2.0000 (1.00x) "
+    assert "| latency ms/example (batch 1) | ms/example | note |" in table
+    assert ("| pruned | 0.9000 (-2.0 pt) | 3.9 (1.00x) | 1.0 (0.28x) | 2.0000 (1.00x) | - "
             "| 80% sparse |") in table
+    timing = {"latency_batch_size": 1, "throughput_batch_size": 128, "num_threads": 2,
+              "cpu": "test CPU"}
     report.write_quantized_report(str(tmp_path), {
         "mode": "int8", "source": "export", "accuracy": 0.91, "tflite_bytes": 1000,
-        "gzip_bytes": 900, "latency_ms": 0.5, "float_accuracy": 0.92, "float_tflite_bytes": 4000,
-        "float_gzip_bytes": 3600, "float_latency_ms": 2.0, "passed": False})
-    rows = report.demo_table(str(tmp_path)).splitlines()
-    assert [row.split("|")[1].strip() for row in rows[2:]] == ["float", "pruned", "int8"]
-    assert "0.25x" in rows[-1] and "FAILED accuracy gate" in rows[-1]
+        "gzip_bytes": 900, "latency_ms": 0.5, "throughput_ms_per_example": 0.1,
+        "float_accuracy": 0.92, "float_tflite_bytes": 4000, "float_gzip_bytes": 3600,
+        "float_latency_ms": 2.0, "float_throughput_ms_per_example": 0.4, "passed": False,
+        **timing})
+    lines = report.demo_table(str(tmp_path)).splitlines()
+    assert lines[0] == ("| model | accuracy | .tflite KiB | gzip KiB | latency ms/example "
+                        "(batch 1, 2 threads) | ms/example (batch 128, 2 threads) | note |")
+    assert lines[-1].startswith("times: LiteRT interpreter on test CPU")
+    rows = lines[2:-2]
+    assert [row.split("|")[1].strip() for row in rows] == ["float", "pruned", "int8"]
+    assert "| 0.5000 (0.25x) | 0.1000 (0.25x) |" in rows[-1]
+    assert "FAILED accuracy gate" in rows[-1]
+    # The pruned model was timed in another comparison, at other settings: its note says so.
+    assert "80% sparse; timed at batch 1/-, ? threads" in rows[1]
     assert json.loads((tmp_path / "quantized/report.json").read_text())["mode"] == "int8"

@@ -34,6 +34,39 @@ def test_post_training_modes_match_the_float_model(mode, max_ratio, trained, flo
     float_accuracy = metrics.keras_accuracy(trained, digits_eval(digits_dir))
     assert abs(result["accuracy"] - float_accuracy) <= 0.03
     assert result["latency_ms"] > 0 and result["tflite_bytes"] == len(content)
+    assert result["latency_batch_size"] == 1 and result["num_threads"] == 1
+    _check_runs_batched(content, digits_dir)
+
+
+def _check_runs_batched(content, digits_dir, batch_size=32):
+    """The model resized to a batch gives each example the output it gives it alone."""
+    (images, _), = digits_eval(digits_dir).take(1)
+    images = images.numpy()[:batch_size]
+    single = tflite_eval.TfliteModel(content)
+    alone = np.concatenate([single.run(images[i:i + 1])[0] for i in range(batch_size)])
+    together, seconds = tflite_eval.TfliteModel(content, batch_size=batch_size).run(images)
+    assert together.shape == (batch_size, 10) and seconds > 0
+    np.testing.assert_allclose(together, alone, atol=1e-4, rtol=1e-5)
+
+
+def test_compare_latencies_records_both_times_with_their_settings(trained, float_tflite,
+                                                                  digits_dir):
+    int8 = quantize.convert(trained, "int8",
+                            representative_data=digits_train(digits_dir, repeat=False))
+    times = tflite_eval.compare_latencies({"float": float_tflite, "int8": int8},
+                                          digits_eval(digits_dir), rounds=2, examples=40,
+                                          batch_size=64, num_threads=2)
+    assert set(times) == {"float", "int8"}
+    for timing in times.values():
+        assert timing["latency_batch_size"] == 1 and timing["throughput_batch_size"] == 64
+        assert timing["num_threads"] == 2 and timing["cpu"]
+        for key in ("latency_ms", "throughput_ms_per_example"):
+            assert isinstance(timing[key], float) and timing[key] > 0, key
+    # 40 examples fill a batch of 64 by repetition; the default batch is 256.
+    default = tflite_eval.compare_latencies({"float": float_tflite}, digits_eval(digits_dir),
+                                            rounds=1, examples=8)["float"]
+    assert default["throughput_batch_size"] == tflite_eval.THROUGHPUT_BATCH_SIZE == 256
+    assert default["num_threads"] == 1 and default["throughput_ms_per_example"] > 0
 
 
 def test_float_tflite_outputs_equal_keras_outputs(trained, float_tflite, digits_dir, tmp_path):
@@ -43,6 +76,7 @@ def test_float_tflite_outputs_equal_keras_outputs(trained, float_tflite, digits_
     expected = np.concatenate([trained(x, training=False).numpy()
                                for x, _ in digits_eval(digits_dir)])
     np.testing.assert_allclose(outputs, expected[:64], atol=1e-4, rtol=1e-4)
+    _check_runs_batched(float_tflite, digits_dir)
 
 
 def test_int8_inputs_and_outputs(trained, digits_dir):
@@ -55,6 +89,7 @@ def test_int8_inputs_and_outputs(trained, digits_dir):
     outputs, _, _ = tflite_eval.predict_tflite(runner, digits_eval(digits_dir))
     expected = _float_classes(trained, digits_eval(digits_dir))
     assert (metrics.predicted_classes(outputs) == expected).mean() >= 0.95
+    _check_runs_batched(content, digits_dir)
 
 
 def test_int8_needs_representative_data_and_int8_io_needs_int8(trained):
@@ -75,6 +110,7 @@ def test_qat_end_to_end(trained, digits_dir):
     result = tflite_eval.evaluate_tflite(content, digits_eval(digits_dir))
     assert result["accuracy"] >= metrics.keras_accuracy(trained, digits_eval(digits_dir)) - 0.03
     assert result["tflite_bytes"] < 0.4 * len(quantize.convert(trained, "float"))
+    _check_runs_batched(content, digits_dir)
 
 
 def test_pruning_preserving_qat_keeps_the_zeros(trained, digits_dir):

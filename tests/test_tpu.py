@@ -118,7 +118,7 @@ def test_full_run_on_the_in_memory_filesystem(cli, tmp_path, monkeypatch):
     files = {path[len(root):] for path in tf.io.gfile.glob(f"{root}/run/*")}
     assert {"/run/params.yaml", "/run/summary.json", "/run/export", "/run/logs",
             "/run/checkpoints"} <= files
-    assert tf.io.gfile.exists(f"{root}/run/export/variables/variables.index")
+    assert tf.io.gfile.glob(f"{root}/run/export/*/variables/variables.index")
     assert tf.io.gfile.glob(f"{root}/run/logs/train/events.out.tfevents*")
     with tf.io.gfile.GFile(f"{root}/run/summary.json") as f:
         summary = json.load(f)

@@ -30,7 +30,7 @@ def test_digits_end_to_end(cli, tmp_path, monkeypatch, capsys):
     assert params["train"]["epochs"] == 8 and params["model"]["name"] == "cnn"
     assert _events(str(run / "logs/train")) and _events(str(run / "logs/validation"))
     assert tf.io.gfile.glob(str(run / "checkpoints/best*"))
-    assert (run / "export/saved_model.pb").exists()
+    assert list(run.glob("export/*/saved_model.pb"))  # export/<version>/, as TF Serving reads it
     assert not any(name.endswith(".tmp") for name in os.listdir(run))
 
     # The export evaluates to the same test accuracy through `tftrain evaluate`.

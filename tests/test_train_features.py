@@ -11,6 +11,7 @@ import tf_keras as keras
 from tftrain import config as config_lib
 from tftrain import optimizers, precision, train
 from tftrain.errors import ConfigError
+from tftrain.export import saved_model_dir
 
 SMALL_MODEL = "model.name=mlp,model.params={hidden_units: [32], dropout: 0.0}"
 
@@ -67,7 +68,7 @@ def test_grad_accum_and_two_replicas_end_to_end(tmp_path, digits_dir):
     summary = train.train(config, str(tmp_path))
     assert summary["num_replicas"] == 2 and summary["grad_accum_steps"] == 2
     assert summary["steps"] == 12 and math.isfinite(summary["eval"]["loss"])
-    exported = keras.models.load_model(str(tmp_path / "export"), compile=False)
+    exported = keras.models.load_model(saved_model_dir(str(tmp_path / "export")), compile=False)
     assert exported.name == "mlp"  # the model itself, not the accumulation wrapper
 
 
@@ -84,7 +85,7 @@ def test_mixed_precision_float32_outputs_finite_loss(tmp_path, digits_dir, polic
     try:
         summary = train.train(_config(digits_dir, f"runtime.mixed_precision={policy}"), str(tmp_path))
         with tf.distribute.get_strategy().scope():
-            model = keras.models.load_model(str(tmp_path / "export"), compile=False)
+            model = keras.models.load_model(saved_model_dir(str(tmp_path / "export")), compile=False)
         assert model.dtype_policy.name == policy
         assert model(np.zeros((2, 8, 8, 1), "float32")).dtype == tf.float32
         assert summary["mixed_precision"] == policy and math.isfinite(summary["eval"]["loss"])

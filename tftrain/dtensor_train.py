@@ -91,7 +91,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool, sigterm,
     if not validation:  # resumed after the last epoch: nothing was validated in this attempt
         validation = train.evaluate(model, _plain_data(config, config.data.eval_split))
     test_metrics = train.evaluate(model, _plain_data(config, config.data.test_split))
-    train.export(model, join(model_dir, run_dir.EXPORT))
+    train.export(model, join(model_dir, run_dir.EXPORT), config.data, manifest)
     weights = weights_of(model)
     summary = {
         "model_dir": model_dir,

@@ -7,16 +7,20 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tftrain import data as data_lib
+from tftrain import export
 from tftrain.errors import DataError, TftrainError
 from tftrain.fileio import join, write_json
 
 
 def load_saved_model(path: str):
-    """Loads a tf_keras SavedModel; a missing or foreign directory is a clear error."""
-    if not tf.io.gfile.exists(join(path, "saved_model.pb")):
-        raise TftrainError(f"{path} is not a SavedModel directory (no saved_model.pb); pass a run's "
-                           "export/ directory or a .tflite file")
-    return keras.models.load_model(path, compile=False)
+    """Loads the tf_keras SavedModel that `path` stands for: a SavedModel directory, or a run's
+    export/ (its highest version, `export.saved_model_dir`); anything else is a clear error."""
+    found = export.saved_model_dir(path)
+    if found is None:
+        raise TftrainError(f"{path} is not a SavedModel directory (no saved_model.pb, and no "
+                           "version directory holding one); pass a run's export/ directory or a "
+                           ".tflite file")
+    return keras.models.load_model(found, compile=False)
 
 
 def evaluate(model_path: str, data_dir: str, split: str, batch_size: int = 256,
@@ -40,9 +44,16 @@ def evaluate(model_path: str, data_dir: str, split: str, batch_size: int = 256,
                       metrics=["accuracy"])
         metrics = {k: float(v) for k, v in model.evaluate(dataset, return_dict=True, verbose=0).items()}
     result = {"model": model_path, "data": data_dir, "split": split, **metrics}
-    output = output or join(os.path.dirname(model_path.rstrip("/")) or ".", f"eval_{split}.json")
+    output = output or join(os.path.dirname(_export_dir(model_path)) or ".", f"eval_{split}.json")
     write_json(output, result)
     return metrics
+
+
+def _export_dir(model_path: str) -> str:
+    """`model_path` without a trailing version directory (RUN/export/1712345678 -> RUN/export):
+    the default output goes next to export/, never into it."""
+    head, name = os.path.split(model_path.rstrip("/"))
+    return head if name.isdigit() and head else model_path.rstrip("/")
 
 
 def check_inputs_fit(model: keras.Model, input_spec, where: str) -> None:

@@ -31,7 +31,8 @@ from tftrain.callbacks.stop_at_step import StopAtStep
 from tftrain.data import manifest as manifest_lib
 from tftrain.data import foreign, reader, writer
 from tftrain.errors import DataError
-from tftrain.fileio import join, remove, write_atomic
+from tftrain.export import export
+from tftrain.fileio import join, write_atomic
 
 PREEMPTED_EXIT_CODE = preemption.PREEMPTED_EXIT_CODE
 
@@ -120,7 +121,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     cluster.dump_weights(model)  # debug aid: only when TFTRAIN_DUMP_WEIGHTS_DIR is set
     # Every worker takes part in the save; non-chief workers into a temporary directory.
     export_dir = cluster.write_dir_for(join(model_dir, run_dir.EXPORT), strategy)
-    export(model, export_dir)
+    export(model, export_dir, config.data, manifest)
     cluster.cleanup(export_dir, join(model_dir, run_dir.EXPORT))
     summary = {
         "model_dir": model_dir,
@@ -305,26 +306,3 @@ def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: S
 def evaluate(model: keras.Model, dataset) -> dict:
     """The compiled metrics of `model` on `dataset`, as floats."""
     return {k: float(v) for k, v in model.evaluate(dataset, return_dict=True, verbose=0).items()}
-
-
-def export(model, export_dir: str) -> None:
-    """Saves a SavedModel under a temporary name, then moves it into place.
-
-    The SavedModel carries tftrain's marker, and an existing `export_dir` (or the temporary
-    directory of a killed save) is replaced only when tftrain wrote it (`run_dir.replaceable`).
-    """
-    run_dir.check_replaceable(export_dir)
-    if export_dir.startswith("ram://"):
-        # TensorFlow's in-memory filesystem loses a directory's files when it is renamed.
-        remove(export_dir)
-        run_dir.mark_output(export_dir)
-        model.save(export_dir, save_format="tf", include_optimizer=False)
-        return
-    tmp = export_dir + ".tmp"
-    run_dir.check_replaceable(tmp)
-    remove(tmp)
-    run_dir.mark_output(tmp)
-    model.save(tmp, save_format="tf", include_optimizer=False)
-    remove(export_dir)
-    tf.io.gfile.rename(tmp, export_dir)
-    logging.info("exported SavedModel to %s", export_dir)

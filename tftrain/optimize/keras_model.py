@@ -12,6 +12,7 @@ import zipfile
 import tensorflow as tf
 import tf_keras as keras
 
+from tftrain import export
 from tftrain.errors import TftrainError
 
 _LOW_PRECISION = ("float16", "bfloat16")
@@ -53,7 +54,8 @@ def _check_keras_file(path: str) -> None:
 
 
 def load_keras_model(path: str, *, compile: bool = True) -> keras.Model:
-    """Loads the tf-keras model saved at `path` (SavedModel directory, `.keras` or `.h5` file).
+    """Loads the tf-keras model saved at `path` (SavedModel directory, a run's export/ with its
+    version directories (the highest is loaded), `.keras` or `.h5` file).
 
     Raises `TftrainError` naming the path when it is missing, is not a tf-keras model (a
     Keras 3 archive, or a SavedModel without Keras metadata), or cannot be loaded.
@@ -62,8 +64,11 @@ def load_keras_model(path: str, *, compile: bool = True) -> keras.Model:
         raise TftrainError(f"no model at {path}: train one first (tftrain train --model_dir=...) "
                            "or pass the path of a tf-keras SavedModel directory.")
     if tf.io.gfile.isdir(path):
-        if not tf.io.gfile.exists(tf.io.gfile.join(path, "saved_model.pb")):
-            raise TftrainError(f"{path} is not a SavedModel directory (no saved_model.pb).")
+        found = export.saved_model_dir(path)
+        if found is None:
+            raise TftrainError(f"{path} is not a SavedModel directory (no saved_model.pb, and no "
+                               "version directory holding one).")
+        path = found
         if not tf.io.gfile.exists(tf.io.gfile.join(path, "keras_metadata.pb")):
             raise TftrainError(
                 f"the SavedModel at {path} has no Keras metadata (keras_metadata.pb): it was not "

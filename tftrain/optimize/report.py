@@ -39,11 +39,29 @@ def _read_if_exists(path: str) -> dict | None:
     return read_json(path) if tf.io.gfile.exists(path) else None
 
 
-def make_row(name: str, accuracy: float, tflite_bytes: int, gzip_bytes: int, latency_ms: float,
-             float_row: dict | None, note: str = "") -> dict:
-    """One row of the comparison table; `float_row` is the reference (None for float itself)."""
-    return {"model": name, "accuracy": accuracy, "tflite_bytes": tflite_bytes,
-            "gzip_bytes": gzip_bytes, "latency_ms": latency_ms, "float": float_row, "note": note}
+# What one model's entry in a report holds (quantize reports: also with a `float_` prefix), and
+# the settings its times were measured with.
+MEASURED = ("accuracy", "tflite_bytes", "gzip_bytes", "latency_ms", "throughput_ms_per_example")
+TIMING_SETTINGS = ("latency_batch_size", "throughput_batch_size", "num_threads")
+
+
+def measured_of(entry: dict, prefix: str = "") -> dict:
+    """One model's numbers from a report entry (`prefix="float_"`: the float reference's), with
+    the timing settings; keys an older report lacks are None."""
+    numbers = {key: entry.get(prefix + key) for key in MEASURED}
+    return {**numbers, **{key: entry.get(key) for key in TIMING_SETTINGS + ("cpu",)}}
+
+
+def make_row(name: str, measured: dict, float_row: dict | None, note: str = "",
+             timing_reference: dict | None = None) -> dict:
+    """One row of the comparison table.
+
+    `measured`: the model's numbers (see `measured_of`); `float_row`: the reference (None for
+    float itself); `timing_reference`: the float model's numbers from the same interleaved
+    timing as this model, when that was not `float_row`'s (times compare only within one).
+    """
+    return {"model": name, **measured, "float": float_row, "note": note,
+            "timing_reference": timing_reference or float_row}
 
 
 def comparison_rows(run_dir: str) -> list[dict]:
@@ -58,44 +76,67 @@ def comparison_rows(run_dir: str) -> list[dict]:
     float_row = None
     reference = next((r for r in quantized if r["source"] == "export"), None)
     if reference:
-        float_row = make_row("float", reference["float_accuracy"], reference["float_tflite_bytes"],
-                         reference["float_gzip_bytes"], reference["float_latency_ms"], None)
+        float_row = make_row("float", measured_of(reference, "float_"), None)
     elif pruned and "float_tflite" in pruned:
-        f = pruned["float_tflite"]
-        float_row = make_row("float", f["accuracy"], f["tflite_bytes"], f["gzip_bytes"],
-                         f["latency_ms"], None)
+        float_row = make_row("float", measured_of(pruned["float_tflite"]), None)
     rows = [float_row] if float_row else []
     if pruned and "tflite" in pruned:
-        t = pruned["tflite"]
         sparsity = (f"{pruned['sparsity_m_by_n']} sparsity" if pruned.get("sparsity_m_by_n")
                     else f"{pruned['sparsity']:.0%} sparse")
-        rows.append(make_row("pruned", t["accuracy"], t["tflite_bytes"], t["gzip_bytes"],
-                         t["latency_ms"], float_row, sparsity))
+        rows.append(make_row("pruned", measured_of(pruned["tflite"]), float_row, sparsity,
+                             pruned.get("float_tflite") and measured_of(pruned["float_tflite"])))
     order = {"dynamic": 0, "int8": 1, "float16": 2, "qat": 3}
     for r in sorted(quantized, key=lambda r: (r["source"] != "export", order.get(r["mode"], 9))):
-        rows.append(make_row(model_name(r["mode"], r["source"]), r["accuracy"], r["tflite_bytes"],
-                         r["gzip_bytes"], r["latency_ms"], float_row,
-                         "" if r.get("passed", True) else "FAILED accuracy gate"))
+        rows.append(make_row(model_name(r["mode"], r["source"]), measured_of(r), float_row,
+                             "" if r.get("passed", True) else "FAILED accuracy gate",
+                             measured_of(r, "float_")))
     return rows
 
 
+def _settings(batch_size, num_threads) -> str:
+    """` (batch 256, 1 thread)`, leaving out what is unknown (reports of older versions)."""
+    parts = [f"batch {batch_size}"] if batch_size else []
+    if num_threads:
+        parts.append(f"{num_threads} thread{'' if num_threads == 1 else 's'}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def format_table(rows: list[dict]) -> str:
-    """A markdown table: accuracy, .tflite size, gzip size, latency, each also relative to float."""
+    """A markdown table: accuracy, .tflite size, gzip size, batch-1 latency and time per
+    example at a large batch, each also relative to float; the header states the batch sizes
+    and threads of the times (a row timed otherwise says so in its note), a line below the
+    table the CPU they were measured on."""
 
-    def ratio(row, key):
-        base = row["float"] and row["float"][key]
-        return f" ({row[key] / base:.2f}x)" if base else ""
+    def ratio(row, key, reference="float"):
+        base = row[reference] and row[reference][key]
+        return f" ({row[key] / base:.2f}x)" if base and row[key] is not None else ""
 
-    lines = ["| model | accuracy | .tflite KiB | gzip KiB | latency ms/example | note |",
-             "|---|---|---|---|---|---|"]
+    def ms(row, key):
+        return "-" if row[key] is None else f"{row[key]:.4f}{ratio(row, key, 'timing_reference')}"
+
+    settings = [rows[0][key] for key in TIMING_SETTINGS]
+    latency_batch, throughput_batch, threads = settings
+    lines = [f"| model | accuracy | .tflite KiB | gzip KiB "
+             f"| latency ms/example{_settings(latency_batch or 1, threads)} "
+             f"| ms/example{_settings(throughput_batch, threads)} | note |",
+             "|---|---|---|---|---|---|---|"]
     for row in rows:
         delta = (f" ({100 * (row['accuracy'] - row['float']['accuracy']):+.1f} pt)"
                  if row["float"] else "")
+        note = row["note"]
+        if [row[key] for key in TIMING_SETTINGS] != settings:
+            timed = (f"timed at batch {row['latency_batch_size'] or 1}/"
+                     f"{row['throughput_batch_size'] or '-'}, {row['num_threads'] or '?'} threads")
+            note = f"{note}; {timed}" if note else timed
         lines.append(
             f"| {row['model']} | {row['accuracy']:.4f}{delta} "
             f"| {row['tflite_bytes'] / 1024:.1f}{ratio(row, 'tflite_bytes')} "
             f"| {row['gzip_bytes'] / 1024:.1f}{ratio(row, 'gzip_bytes')} "
-            f"| {row['latency_ms']:.4f}{ratio(row, 'latency_ms')} | {row['note']} |")
+            f"| {ms(row, 'latency_ms')} | {ms(row, 'throughput_ms_per_example')} | {note} |")
+    cpus = sorted({row["cpu"] for row in rows if row.get("cpu")})
+    if cpus:  # after a blank line, so that pasted into markdown it is not a row of the table
+        lines += ["", f"times: LiteRT interpreter on {' / '.join(cpus)}, each the best of "
+                      "interleaved rounds"]
     return "\n".join(lines)
 
 

@@ -14,7 +14,7 @@ from absl import logging
 
 from tftrain import config as config_lib
 from tftrain import data as data_lib
-from tftrain import cluster, distribute, optimizers, run_dir, train
+from tftrain import cluster, distribute, export, optimizers, run_dir, train
 from tftrain.data import foreign, reader
 from tftrain.errors import ConfigError, TftrainError
 from tftrain.fileio import join, write_atomic, write_json
@@ -38,16 +38,19 @@ def load_run_config(model_dir: str, strategy_name: str | None = None) -> config_
 
 
 def model_path(model_dir: str, source: str = "export") -> str:
-    """The SavedModel of `source` (`export` or `pruned`), which must exist."""
+    """The SavedModel directory of `source` (`export`: the highest version in export/, or the
+    SavedModel directly in an earlier tftrain's export/; `pruned`), which must exist."""
     if source not in SOURCES:
         raise ConfigError(f"--source={source!r}: choose export (the trained model) or pruned")
     path = join(model_dir, run_dir.EXPORT if source == "export" else report.PRUNED)
-    if not tf.io.gfile.exists(join(path, "saved_model.pb")):
+    found = export.saved_model_dir(path)
+    if found is None:
         how = ("the run has not finished: train it with `tftrain train --model_dir=...`"
                if source == "export" else f"prune it first: tftrain prune --model_dir={model_dir}")
-        raise TftrainError(f"no {source} model in {model_dir} ({path}/saved_model.pb is missing); "
+        where = f"{path}/<version>/" if source == "export" else f"{path}/"
+        raise TftrainError(f"no {source} model in {model_dir} (no {where}saved_model.pb); "
                            f"{how}.")
-    return path
+    return found
 
 
 def _strategy(config: config_lib.Config):
@@ -97,7 +100,8 @@ def _optimizer_fn(config: config_lib.Config, learning_rate: float | None, steps_
 
 
 def _tflite_measure(content: bytes, path: str, eval_data, max_examples: int | None) -> dict:
-    """Writes a .tflite and evaluates its accuracy with the interpreter on the evaluation data."""
+    """Writes a .tflite and evaluates its accuracy with the interpreter on the evaluation data
+    (its times come from `_add_latencies`)."""
     write_atomic(path, content)
     result = tflite_eval.evaluate_tflite(content, eval_data, max_examples=max_examples,
                                          latency_rounds=1)
@@ -105,12 +109,14 @@ def _tflite_measure(content: bytes, path: str, eval_data, max_examples: int | No
 
 
 def _add_latencies(measured: dict, eval_data, num_threads: int) -> None:
-    """Sets each entry's `latency_ms` from one interleaved comparison of all the models."""
+    """Sets each entry's times from one interleaved comparison of all the models: `latency_ms`
+    (batch 1, a request) and `throughput_ms_per_example` (batch `throughput_batch_size`), with
+    their batch sizes, `num_threads` and the `cpu`."""
     latencies = tflite_eval.compare_latencies(
         {name: entry["content"] for name, entry in measured.items()}, eval_data,
         num_threads=num_threads)
     for name, entry in measured.items():
-        entry["latency_ms"] = latencies[name]
+        entry.update(latencies[name])
         del entry["content"]
 
 
@@ -269,15 +275,23 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
                 "mode": mode, "source": source, "model": path, "split": split,
                 "tflite_path": result["path"], "tflite_bytes": result["tflite_bytes"],
                 "gzip_bytes": result["gzip_bytes"], "accuracy": result["accuracy"],
-                "latency_ms": result["latency_ms"], "num_examples": result["num_examples"],
+                "latency_ms": result["latency_ms"],
+                "throughput_ms_per_example": result["throughput_ms_per_example"],
+                **{key: result[key] for key in report.TIMING_SETTINGS + ("cpu",)},
+                "num_examples": result["num_examples"],
                 "float_tflite_path": reference["path"],
                 "float_tflite_bytes": reference["tflite_bytes"],
                 "float_gzip_bytes": reference["gzip_bytes"],
                 "float_accuracy": reference["accuracy"],
                 "float_latency_ms": reference["latency_ms"],
+                "float_throughput_ms_per_example": reference["throughput_ms_per_example"],
                 "accuracy_drop": drop, "max_accuracy_drop": max_accuracy_drop,
                 "size_ratio": result["tflite_bytes"] / reference["tflite_bytes"],
                 "latency_ratio": result["latency_ms"] / reference["latency_ms"],
+                "throughput_ratio": (result["throughput_ms_per_example"]
+                                     / reference["throughput_ms_per_example"]
+                                     if result["throughput_ms_per_example"]
+                                     and reference["throughput_ms_per_example"] else None),
                 "int8_io": bool(int8_io and mode in ("int8", "qat")),
                 "passed": drop <= max_accuracy_drop + 1e-9, **extras[mode],
             }

@@ -1,21 +1,32 @@
 """Runs .tflite models with the LiteRT interpreter: predictions, accuracy and latency.
 
 `ai_edge_litert.interpreter.Interpreter` is used; `tf.lite.Interpreter` (deprecated) only when
-LiteRT is not installed. Examples run one at a time (batch 1, the serving case), so `latency_ms`
-is the mean time of one `invoke` per example; integer inputs are quantized and integer outputs
-dequantized with the tensors' own scale and zero point.
+LiteRT is not installed. Integer inputs are quantized and integer outputs dequantized with the
+tensors' own scale and zero point. Two times are measured, each with its batch size and threads:
+
+- `latency_ms`: what one request costs at batch 1 — setting the input, `invoke`, reading the
+  output, from Python — the mean over examples;
+- `throughput_ms_per_example`: calls at batch `throughput_batch_size` (default 256), divided by
+  their examples: the compute, with the fixed cost of a call spread over the batch.
+
+Accuracy is computed one example at a time, on every example.
 """
 from __future__ import annotations
 
+import itertools
+import platform
 import time
 
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from tftrain import quiet_start
 from tftrain.errors import TftrainError
 from tftrain.fileio import read_bytes
 from tftrain.optimize import metrics, sizes
+
+THROUGHPUT_BATCH_SIZE = 256
 
 
 def interpreter_class():
@@ -28,13 +39,14 @@ def interpreter_class():
 
 
 class TfliteModel:
-    """A .tflite model ready to run single examples.
+    """A .tflite model ready to run batches of `batch_size` examples (default 1).
 
     `model`: the flatbuffer's bytes or a path. `num_threads` defaults to 1 so latencies of
-    different models compare on equal terms.
+    different models compare on equal terms. The inputs are resized to `[batch_size, ...]`
+    (also when the model was converted with a fixed batch dimension).
     """
 
-    def __init__(self, model: bytes | str, num_threads: int = 1):
+    def __init__(self, model: bytes | str, num_threads: int = 1, batch_size: int = 1):
         if not isinstance(model, (bytes, bytearray)) and not tf.io.gfile.exists(model):
             raise TftrainError(f"no TFLite model at {model}")
         content = model if isinstance(model, (bytes, bytearray)) else read_bytes(model)
@@ -49,7 +61,7 @@ class TfliteModel:
             self._inputs = self._input_details()
             for detail in self._inputs.values():
                 shape = list(detail["shape_signature"])
-                self.interpreter.resize_tensor_input(detail["index"], [1] + shape[1:])
+                self.interpreter.resize_tensor_input(detail["index"], [batch_size] + shape[1:])
             self.interpreter.allocate_tensors()
         self._output = self.interpreter.get_output_details()[0]
 
@@ -66,6 +78,8 @@ class TfliteModel:
     @staticmethod
     def _quantize(value: np.ndarray, detail: dict) -> np.ndarray:
         dtype = detail["dtype"]
+        if value.dtype == dtype:  # the usual case: nothing to convert, no dtype checks
+            return value
         if np.issubdtype(dtype, np.integer) and not np.issubdtype(value.dtype, np.integer):
             scale, zero_point = detail["quantization"]
             info = np.iinfo(dtype)
@@ -88,19 +102,22 @@ class TfliteModel:
 
     def _get_output(self) -> np.ndarray:
         output = self.interpreter.get_tensor(self._output["index"])
-        if np.issubdtype(output.dtype, np.integer):
+        if self._output["dtype"] != np.float32 and np.issubdtype(output.dtype, np.integer):
             scale, zero_point = self._output["quantization"]
             if scale:
                 output = (output.astype(np.float32) - zero_point) * scale
         return output
 
     def run(self, example) -> tuple[np.ndarray, float]:
-        """Runs one example (arrays with a leading batch dimension of 1); returns (output, s)."""
-        self._set_inputs(example)
+        """Runs one batch (arrays with a leading dimension of `batch_size`); returns (output, s).
+
+        The seconds are the whole request: input set (and quantized), `invoke`, output read.
+        """
         start = time.perf_counter()
+        self._set_inputs(example)
         self.interpreter.invoke()
-        seconds = time.perf_counter() - start
-        return self._get_output(), seconds
+        output = self._get_output()
+        return output, time.perf_counter() - start
 
 
 def _examples(dataset, max_examples: int | None):
@@ -144,13 +161,14 @@ def predict_tflite(model: bytes | str | TfliteModel, dataset, *, max_examples: i
 def evaluate_tflite(path: bytes | str, dataset, *, max_examples: int | None = None,
                     num_threads: int = 1, latency_rounds: int = 3,
                     latency_examples: int = 256) -> dict:
-    """Accuracy and mean latency of a .tflite classifier on a dataset of `(inputs, label)` batches.
+    """Accuracy and batch-1 latency of a .tflite classifier on `(inputs, label)` batches.
 
-    Accuracy covers every example (or the first `max_examples`). `latency_ms` is the mean
-    `invoke` time per example of the fastest of `latency_rounds` rounds (the full pass, then
-    passes over the first `latency_examples` examples): on a shared machine the fastest round is
-    the one least disturbed by other processes.
-    Returns `{"accuracy", "latency_ms", "num_examples", "tflite_bytes", "gzip_bytes"}`.
+    Accuracy covers every example (or the first `max_examples`). `latency_ms` is the mean time
+    of one request per example (batch 1, `num_threads` threads) of the fastest of
+    `latency_rounds` rounds (the full pass, then passes over the first `latency_examples`
+    examples): on a shared machine the fastest round is the one least disturbed by other
+    processes. Returns `{"accuracy", "latency_ms", "latency_batch_size", "num_threads",
+    "num_examples", "tflite_bytes", "gzip_bytes"}`.
     """
     runner = TfliteModel(path, num_threads)
     outputs, labels, seconds, kept = _run_examples(runner, dataset, max_examples,
@@ -160,28 +178,92 @@ def evaluate_tflite(path: bytes | str, dataset, *, max_examples: int | None = No
         latency = min(latency, float(np.mean([runner.run(example)[1] for example in kept])))
     content = path if isinstance(path, (bytes, bytearray)) else read_bytes(path)
     return {"accuracy": metrics.count_correct(outputs, labels) / len(labels),
-            "latency_ms": 1000.0 * latency,
+            "latency_ms": 1000.0 * latency, "latency_batch_size": 1, "num_threads": num_threads,
             "num_examples": int(len(labels)),
             "tflite_bytes": runner.size,
             "gzip_bytes": sizes.gzip_bytes(bytes(content))}
 
 
-def compare_latencies(models: dict, dataset, *, rounds: int = 5, examples: int = 256,
-                      num_threads: int = 1) -> dict[str, float]:
-    """Mean `invoke` milliseconds per example of each model (name -> bytes or path), fairly.
+def _batch_of(inputs: list, batch_size: int):
+    """`batch_size` examples from `inputs` (batch-1 examples), repeated when there are fewer."""
+    chosen = list(itertools.islice(itertools.cycle(inputs), batch_size))
+    return tf.nest.map_structure(lambda *arrays: np.concatenate(arrays), *chosen)
 
-    All models run the same first `examples` examples, in interleaved rounds (model A, B, ...,
-    then again), so a burst of load from other processes hits them alike; each keeps its
-    fastest round.
+
+def _batched_runner(model, num_threads: int, batch) -> TfliteModel | None:
+    """The model resized to the batch and warmed up on it, or None when it cannot run it."""
+    size = len(tf.nest.flatten(batch)[0])
+    try:
+        runner = TfliteModel(model, num_threads, batch_size=size)
+        output, _ = runner.run(batch)
+    except (TftrainError, ValueError, RuntimeError) as e:
+        logging.warning("the TFLite model does not run at batch %d (%s): no throughput", size, e)
+        return None
+    if len(output) != size:  # a model that ignores the resize (e.g. a reshape to a fixed batch)
+        logging.warning("the TFLite model gives %d outputs for a batch of %d: no throughput",
+                        len(output), size)
+        return None
+    return runner
+
+
+def compare_latencies(models: dict, dataset, *, rounds: int = 5, examples: int = 256,
+                      num_threads: int = 1,
+                      batch_size: int = THROUGHPUT_BATCH_SIZE) -> dict[str, dict]:
+    """Latency at batch 1 and time per example at `batch_size` of each model, fairly.
+
+    `models`: name -> bytes or path. All models run the same first `examples` examples, in
+    interleaved rounds (model A, B, ..., then again), so a burst of load from other processes
+    hits them alike; each keeps its fastest round. A round runs every example as one request at
+    batch 1, then as many calls at `batch_size` as it takes to cover the examples (the examples
+    repeated to fill a batch when there are fewer).
+    Returns name -> `{"latency_ms", "latency_batch_size": 1, "throughput_ms_per_example",
+    "throughput_batch_size", "num_threads", "cpu"}`; the throughput is None for a model that
+    cannot run at `batch_size`.
     """
-    runners = {name: TfliteModel(model, num_threads) for name, model in models.items()}
     inputs = [example for example, _ in _examples(dataset, examples)]
     if not inputs:
         raise TftrainError("the evaluation dataset is empty")
-    best = {name: float("inf") for name in runners}
-    for runner in runners.values():
-        runner.run(inputs[0])  # warm-up
+    batch = _batch_of(inputs, batch_size)
+    calls = -(-len(inputs) // batch_size)
+    single = {name: TfliteModel(model, num_threads) for name, model in models.items()}
+    batched = {name: _batched_runner(model, num_threads, batch) for name, model in models.items()}
+    latency = {name: float("inf") for name in models}
+    throughput = {name: float("inf") for name in models}
+    for runner in single.values():
+        runner.run(inputs[0])  # warm-up: the first invoke prepares kernels and delegates
     for _ in range(rounds):
-        for name, runner in runners.items():
-            best[name] = min(best[name], float(np.mean([runner.run(x)[1] for x in inputs])))
-    return {name: 1000.0 * seconds for name, seconds in best.items()}
+        for name in models:
+            latency[name] = min(latency[name],
+                                float(np.mean([single[name].run(x)[1] for x in inputs])))
+            if batched[name]:
+                seconds = sum(batched[name].run(batch)[1] for _ in range(calls))
+                throughput[name] = min(throughput[name], seconds / (calls * batch_size))
+    cpu = cpu_name()
+    return {name: {"latency_ms": 1000.0 * latency[name], "latency_batch_size": 1,
+                   "throughput_ms_per_example": (1000.0 * throughput[name] if batched[name]
+                                                 else None),
+                   "throughput_batch_size": batch_size, "num_threads": num_threads, "cpu": cpu}
+            for name in models}
+
+
+def cpu_name() -> str:
+    """The CPU model and its vector extensions, e.g. `AMD EPYC (avx2, fma)`.
+
+    They decide how int8 compares with float32: on an AVX2 CPU without int8 dot-product
+    instructions (x86 VNNI, Arm dotprod/i8mm) int8 measured no faster (docs/optimize.md).
+    Linux only; elsewhere `platform.processor()`.
+    """
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    name = fields.get("model name") or fields.get("CPU part") or platform.machine()
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
+    shown = [flag for flag in wanted if flag in flags]
+    return f"{name} ({', '.join(shown)})" if shown else name
