@@ -60,10 +60,10 @@ def test_foreign_tfrecords_train_evaluate_prune_and_quantize_in_place(cli, capsy
     run = tmp_path / "run"
     assert cli("train", f"--model_dir={run}", "--params_override=data.format=tfrecord,"
                f"data.dir={foreign_dir},data.pipeline=digits,data.info={{num_classes: 10}},"
-               "train.epochs=4") == 0
+               "train.epochs=2") == 0
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["data_dir"] == str(foreign_dir) and summary["epochs"] == 4
-    assert summary["eval"]["accuracy"] > 0.85  # the digits CNN on the foreign copy of digits
+    assert summary["data_dir"] == str(foreign_dir) and summary["epochs"] == 2
+    assert summary["eval"]["accuracy"] > 0.8  # the digits CNN (2 epochs) on the foreign copy of digits
     assert cli("evaluate", f"--model={run}/export", f"--data={foreign_dir}", "--pipeline=digits",
                "--split=test", f"--output={tmp_path / 'eval.json'}") == 0
     evaluated = json.loads((tmp_path / "eval.json").read_text())

@@ -13,7 +13,7 @@ def _events(path):
 def test_digits_end_to_end(cli, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # the config's data.dir (data/digits) is relative to the cwd
     run = tmp_path / "run"
-    assert cli("train", f"--model_dir={run}", "--params_override=train.epochs=8") == 0
+    assert cli("train", f"--model_dir={run}", "--params_override=train.epochs=4") == 0
     out = capsys.readouterr().out
     assert f"run directory: {run}" in out and "test split:" in out
 
@@ -23,11 +23,11 @@ def test_digits_end_to_end(cli, tmp_path, monkeypatch, capsys):
     assert set(manifest["splits"]) == {"train", "validation", "test"}
 
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["eval"]["split"] == "test" and summary["eval"]["accuracy"] >= 0.95
-    assert summary["epochs"] == 8 and summary["strategy"] == "one_device"
+    assert summary["eval"]["split"] == "test" and summary["eval"]["accuracy"] >= 0.9  # 15 epochs: >= 0.95 (make demo test)
+    assert summary["epochs"] == 4 and summary["strategy"] == "one_device"
     assert summary["num_replicas"] == 1 and summary["examples_per_second"] > 0
     params = yaml.safe_load((run / "params.yaml").read_text())
-    assert params["train"]["epochs"] == 8 and params["model"]["name"] == "cnn"
+    assert params["train"]["epochs"] == 4 and params["model"]["name"] == "cnn"
     assert _events(str(run / "logs/train")) and _events(str(run / "logs/validation"))
     assert tf.io.gfile.glob(str(run / "checkpoints/best*"))
     assert list(run.glob("export/*/saved_model.pb"))  # export/<version>/, as TF Serving reads it
