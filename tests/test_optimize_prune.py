@@ -125,3 +125,43 @@ def test_a_model_with_nothing_to_prune_is_a_clear_error(digits_dir):
     model = keras.Model(inputs, keras.layers.LayerNormalization()(keras.layers.Flatten()(inputs)))
     with pytest.raises(TftrainError, match="no layer TFMOT can prune"):
         prune.prune_model(model, digits_train(digits_dir), epochs=1, steps_per_epoch=2)
+
+
+def test_distillation_loss_is_the_weighted_hard_and_tempered_soft_terms():
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from tftrain.optimize import distill
+
+    rng = np.random.default_rng(0)
+    student, teacher = rng.normal(size=(4, 3)), rng.normal(size=(4, 3))
+    labels = np.array([0, 2, 1, 2])
+
+    def softmax(x):
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+
+    hard = -np.log(softmax(student)[np.arange(4), labels])
+    p, q = softmax(teacher / 2.0), softmax(student / 2.0)
+    soft = (p * (np.log(p) - np.log(q))).sum(axis=-1) * 4.0
+    loss = distill.DistillationLoss(keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                                    weight=0.3, temperature=2.0)
+    got = loss(labels, tf.constant(np.concatenate([student, teacher], -1), tf.float32)).numpy()
+    np.testing.assert_allclose(got, (0.7 * hard + 0.3 * soft).mean(), rtol=1e-5)
+    # Probabilities (from_logits=False) give the same distributions, hence the same loss.
+    on_probs = distill.DistillationLoss(keras.losses.SparseCategoricalCrossentropy(), 0.3, 2.0)
+    probs = np.concatenate([softmax(student), softmax(teacher)], -1)
+    np.testing.assert_allclose(on_probs(labels, tf.constant(probs, tf.float32)).numpy(),
+                               got, rtol=1e-4)
+
+
+def test_distilled_pruning_leaves_the_float_teacher_out_of_the_result(trained, digits_dir):
+    result = prune.prune_model(trained, digits_train(digits_dir), epochs=1,
+                               steps_per_epoch=steps_per_epoch(digits_dir), distill_weight=0.5)
+    assert result.distilled
+    # The stripped student alone: same inputs and outputs as the trained model, no teacher.
+    assert result.model.count_params() == trained.count_params()
+    assert [l.name for l in result.model.layers] == [l.name for l in trained.layers]
+    with pytest.raises(ConfigError, match="distill_weight"):
+        prune.prune_model(trained, digits_train(digits_dir), epochs=1, steps_per_epoch=2,
+                          distill_weight=1.5)

@@ -27,6 +27,12 @@ flags.DEFINE_integer("min_weights_to_prune", 2048, "Layers whose kernels hold fe
 flags.DEFINE_float("learning_rate", None, "Fine-tuning learning rate at the start, decaying to "
                    "0 (cosine); default: a quarter of the run's train.learning_rate. The run's "
                    "optimizer.")
+flags.DEFINE_float("distill_weight", 0.5, "Share of the fine-tuning loss that asks a classifier "
+                   "to match the float model's class scores (self-distillation: the pruned model "
+                   "keeps the float model's decisions); 0 fine-tunes on the labels alone.",
+                   lower_bound=0.0, upper_bound=1.0)
+flags.DEFINE_float("distill_temperature", 2.0, "Temperature of the distilled class scores (above "
+                   "1 softens them).", lower_bound=1e-3)
 
 
 def main(argv):
@@ -39,8 +45,8 @@ def main(argv):
     summary = runs.prune_run(
         FLAGS.model_dir, target_sparsity=FLAGS.target_sparsity, m_by_n=FLAGS.sparsity_m_by_n,
         epochs=FLAGS.epochs, schedule=FLAGS.pruning_schedule, learning_rate=FLAGS.learning_rate,
-        min_weights=FLAGS.min_weights_to_prune,
-        split=FLAGS.split, strategy_name=FLAGS.strategy)
+        min_weights=FLAGS.min_weights_to_prune, distill_weight=FLAGS.distill_weight,
+        temperature=FLAGS.distill_temperature, split=FLAGS.split, strategy_name=FLAGS.strategy)
     from tftrain.optimize import report
 
     print(f"sparsity {summary['sparsity']:.1%}, accuracy {summary['accuracy_before']:.4f} -> "

@@ -17,6 +17,7 @@ from absl import logging
 from tensorflow_model_optimization.python.core.sparsity.keras import prune_registry, pruning_wrapper
 
 from tftrain.errors import ConfigError, TftrainError
+from tftrain.optimize import distill
 from tftrain.optimize import finetune as finetune_lib
 from tftrain.optimize.keras_model import clone_float32
 
@@ -156,13 +157,15 @@ class PruneResult:
     pruned_weights: set[str]
     unsupported_layers: list[str]
     small_layers: list[str]  # left dense: fewer than `min_weights` kernel weights
+    distilled: bool = False  # fine-tuned to match the float model's scores too
 
 
 def prune_model(model: keras.Model, train_data, *, steps_per_epoch: int, epochs: int,
                 target_sparsity: float = 0.8, m_by_n: tuple[int, int] | None = None,
                 schedule: str = "polynomial", loss=None, learning_rate: float = 1e-3,
                 min_weights: int = DEFAULT_MIN_WEIGHTS, optimizer_fn=None, strategy=None,
-                verbose: int = 0) -> PruneResult:
+                distill_weight: float = distill.DEFAULT_WEIGHT,
+                temperature: float = distill.DEFAULT_TEMPERATURE, verbose: int = 0) -> PruneResult:
     """Fine-tunes a pruned float32 clone of `model` and returns it stripped of its wrappers.
 
     `model` is never modified. `train_data` must yield `steps_per_epoch` batches per epoch; the
@@ -170,9 +173,14 @@ def prune_model(model: keras.Model, train_data, *, steps_per_epoch: int, epochs:
     (e.g. `(2, 4)`), every block of n consecutive input-channel weights keeps at most n - m
     non-zeros instead of following `target_sparsity`. Layers whose kernels hold fewer than
     `min_weights` weights stay dense (0: prune every layer). `optimizer_fn()` (default Adam at
-    `learning_rate`) is called under the strategy scope.
+    `learning_rate`) is called under the strategy scope. With `distill_weight` > 0, a classifier
+    is fine-tuned to match `model`'s scores too (`distill`: the share of that term and its
+    temperature); other models on their loss alone.
     """
     check_target_sparsity(target_sparsity)
+    if not 0.0 <= distill_weight <= 1.0 or temperature <= 0:
+        raise ConfigError(f"distillation needs a weight in [0, 1] and a temperature > 0, got "
+                          f"--distill_weight={distill_weight} --distill_temperature={temperature}")
     plan = make_schedule(schedule, target_sparsity, steps_per_epoch * epochs)
     logging.info("pruning schedule: %s", plan)
     loss = loss or finetune_lib.training_loss(model)
@@ -186,6 +194,10 @@ def prune_model(model: keras.Model, train_data, *, steps_per_epoch: int, epochs:
         except ValueError as e:
             raise TftrainError(f"cannot wrap model {model.name!r} for pruning: {e}") from e
         optimizer = optimizer_fn() if optimizer_fn else None
+        trainee, trainee_loss = pruned, loss
+        if distill_weight and distill.distillable(pruned, loss):
+            trainee = distill.with_teacher(pruned, clone_float32(model))
+            trainee_loss = distill.DistillationLoss(loss, distill_weight, temperature)
     if skipped:
         logging.warning("layers TFMOT cannot prune, left dense: %s", ", ".join(skipped))
     if small:
@@ -197,13 +209,14 @@ def prune_model(model: keras.Model, train_data, *, steps_per_epoch: int, epochs:
                 "--min_weights_to_prune" if small else "")
         raise TftrainError(f"model {model.name!r} has no layer TFMOT can prune (Dense, Conv, ...)"
                            + hint)
-    finetune_lib.finetune(pruned, train_data, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                          loss=loss, learning_rate=learning_rate, optimizer=optimizer,
+    finetune_lib.finetune(trainee, train_data, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                          loss=trainee_loss, learning_rate=learning_rate, optimizer=optimizer,
                           callbacks=[tfmot.sparsity.keras.UpdatePruningStep()],
                           strategy=strategy, verbose=verbose)
     with finetune_lib.strategy_scope(strategy):
         stripped = tfmot.sparsity.keras.strip_pruning(pruned)
-    return PruneResult(stripped, plan, m_by_n, pruned_names, skipped, small)
+    return PruneResult(stripped, plan, m_by_n, pruned_names, skipped, small,
+                       distilled=trainee is not pruned)
 
 
 def m_by_n_ok(kernel: np.ndarray, m_by_n: tuple[int, int]) -> bool | None:

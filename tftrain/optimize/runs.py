@@ -18,7 +18,7 @@ from tftrain import cluster, distribute, export, optimizers, run_dir, train
 from tftrain.data import foreign, reader
 from tftrain.errors import ConfigError, TftrainError
 from tftrain.fileio import join, write_atomic, write_json
-from tftrain.optimize import metrics, prune, quantize, report, sizes, tflite_eval
+from tftrain.optimize import distill, metrics, prune, quantize, report, sizes, tflite_eval
 from tftrain.optimize.keras_model import load_keras_model
 
 SOURCES = ("export", "pruned")
@@ -122,13 +122,16 @@ def _add_latencies(measured: dict, eval_data, num_threads: int) -> None:
 
 def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | None = None,
               epochs: int | None = None, schedule: str = "polynomial",
-              learning_rate: float | None = None, min_weights: int = prune.DEFAULT_MIN_WEIGHTS, split: str | None = None,
+              learning_rate: float | None = None, min_weights: int = prune.DEFAULT_MIN_WEIGHTS,
+              distill_weight: float = distill.DEFAULT_WEIGHT,
+              temperature: float = distill.DEFAULT_TEMPERATURE, split: str | None = None,
               strategy_name: str | None = None, num_threads: int = 1,
               max_eval_examples: int | None = None, strategy=None) -> dict:
     """Prunes `model_dir/export` under the run's strategy, data and optimizer; writes `pruned/`.
 
     `epochs=None` fine-tunes for `prune.finetune_epochs` of the training split (enough steps
-    for the data, whatever its size). Returns the report also written to `pruned/report.json`.
+    for the data, whatever its size); `distill_weight` and `temperature`: see
+    `prune.prune_model`. Returns the report also written to `pruned/report.json`.
     Raises `TftrainError` after writing it when a pruned layer missed its target sparsity (or
     its m:n structure).
     """
@@ -155,7 +158,7 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
         result = prune.prune_model(
             model, train_data, steps_per_epoch=steps_per_epoch, epochs=epochs,
             target_sparsity=target_sparsity, m_by_n=structure, schedule=schedule,
-            min_weights=min_weights,
+            min_weights=min_weights, distill_weight=distill_weight, temperature=temperature,
             optimizer_fn=_optimizer_fn(config, learning_rate, steps_per_epoch, epochs),
             strategy=strategy,
             verbose=2 if logging.level_info() else 0)
@@ -179,6 +182,8 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
             "sparsity_m_by_n": m_by_n or None, "schedule": dataclasses.asdict(result.schedule),
             "epochs": epochs, "steps_per_epoch": steps_per_epoch,
             "learning_rate": fine_tuning_rate(config, learning_rate),
+            "distill_weight": distill_weight if result.distilled else 0.0,
+            "distill_temperature": temperature if result.distilled else None,
             "sparsity": after["sparsity"], "sparsity_before": before["sparsity"],
             "num_params": after["num_params"], "pruned_params": after["pruned_params"],
             "nonzero_params_before": before["nonzero_params"],
