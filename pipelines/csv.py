@@ -12,7 +12,10 @@ Types are inferred from the data (a column whose values are >= 90% numbers is `f
 `categorical` when it has at most `max_categories` distinct values and at most one per two
 rows, else `string`) or declared
 with `columns="age:float,city:categorical,notes:string"`. The label column is `int` (class ids
-as written), `categorical` (class names -> ids in sorted order) or `float` (regression).
+as written), `categorical` (class names -> ids in sorted order) or `float` (regression); its
+statistics (distinct values, range, mean, standard deviation) go to the manifest's
+`info["label_stats"]`, from which `task.type=auto` decides between classification and
+regression (whole numbers with many distinct values are a quantity: see `tftrain.tasks`).
 
 Bad rows (skipped and recorded by the converter): a missing or extra field, a value of the
 wrong type, an empty or NaN number unless `allow_nan=true` (then it is imputed with the column
@@ -76,6 +79,7 @@ class _ColumnStats:
         self.limit = max_categories
         self.values = self.numbers = self.ints = 0
         self.max_int = -1  # the largest non-negative integer value
+        self.min = self.max = None  # of the numbers
         self.mean = self.m2 = 0.0
         self.counts: Counter | None = Counter()
 
@@ -89,6 +93,8 @@ class _ColumnStats:
             if number.is_integer() and number >= 0:
                 self.ints += 1
                 self.max_int = max(self.max_int, int(number))
+            self.min = number if self.min is None else min(self.min, number)
+            self.max = number if self.max is None else max(self.max, number)
             delta = number - self.mean
             self.mean += delta / self.numbers
             self.m2 += delta * (number - self.mean)
@@ -109,6 +115,17 @@ class _ColumnStats:
         if distinct <= self.limit and distinct <= max(2, self.values // 2):  # values repeat
             return "categorical"
         return "string"
+
+    def label_stats(self, kind: str) -> dict:
+        """What the task needs to know about a label column of type `kind` (see
+        `tftrain.tasks.registry`): its distinct values (None: more than were counted) and, for a
+        number, its range, mean and standard deviation (the regression head's scale)."""
+        stats = {"kind": kind, "shape": [],
+                 "distinct": len(self.counts) if self.counts is not None else None}
+        if kind != "categorical":
+            stats.update(count=self.numbers, min=self.min, max=self.max, mean=self.mean,
+                         std=self.std)
+        return stats
 
     def vocabulary(self) -> list[str]:
         counts = self.counts or Counter()
@@ -210,7 +227,8 @@ class Pipeline(BasePipeline):
             label_type = ("int" if label_stats.ints >= NUMERIC_SHARE * label_stats.values else "float") \
                 if kind == "float" else "categorical"
         label = {"name": self.label_column, "type": label_type}
-        info = {"header": header, "columns": columns, "label": label, "input_dim": input_dim}
+        info = {"header": header, "columns": columns, "label": label, "input_dim": input_dim,
+                "label_stats": label_stats.label_stats(label_type)}
         if label_type == "categorical":
             label["class_names"] = sorted(label_stats.counts or ())
             if not label["class_names"] or label_stats.counts is None:

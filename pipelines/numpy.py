@@ -11,7 +11,9 @@ read a chunk of rows at a time from its header offset, so an array larger than m
 Each worker reads its own contiguous range of rows.
 
 Features: `x` float32 of the array's row shape; `y` int64 class ids (integer labels,
-`info["num_classes"]` = max + 1) or float32 (regression, any row shape). A row with NaN or
+`info["num_classes"]` = max + 1) or float32 (regression, any row shape). The labels' statistics
+(distinct values, range, mean and standard deviation) go to `info["label_stats"]`: `task.type=auto`
+trains float targets, and whole numbers with many distinct values, as regression. A row with NaN or
 infinite features is a bad row unless `allow_nan=true`. `decode` returns `(x, y)`.
 """
 from __future__ import annotations
@@ -93,6 +95,42 @@ class ArrayFile:
                 yield np.frombuffer(data, self.dtype).reshape((count, *row_shape))
 
 
+MAX_COUNTED_VALUES = 1000  # distinct label values counted beyond this are "many" (None)
+
+
+def label_stats(arrays: list[ArrayFile], integer: bool) -> dict:
+    """The labels' statistics for the manifest (see `tftrain.tasks.registry`), in one streaming
+    pass: kind, row shape, distinct values (None: more than `MAX_COUNTED_VALUES`), range, and
+    per-entry mean and standard deviation (the regression head's scale)."""
+    count, total, squares, distinct = 0, 0.0, 0.0, set()
+    low, high = np.inf, -np.inf
+    for y in arrays:
+        for chunk in y.chunks(0, len(y)):
+            if not chunk.size:
+                continue
+            values = chunk.reshape(len(chunk), -1).astype(np.float64)
+            finite = values[np.isfinite(values).all(axis=1)]
+            count += len(finite)
+            total = total + finite.sum(axis=0)
+            squares = squares + (finite ** 2).sum(axis=0)
+            if finite.size:
+                low, high = min(low, float(finite.min())), max(high, float(finite.max()))
+            if distinct is not None:
+                distinct.update(np.unique(finite).tolist())
+                if len(distinct) > MAX_COUNTED_VALUES:
+                    distinct = None
+    mean = np.atleast_1d(total / max(count, 1))
+    std = np.sqrt(np.maximum(np.atleast_1d(squares / max(count, 1)) - mean ** 2, 0.0))
+    std = np.where(std > 1e-12, std, 1.0)
+    scalar = len(arrays[0].shape) == 1 or integer
+    return {"kind": "int" if integer else "float",
+            "shape": [] if scalar else list(arrays[0].shape[1:]),
+            "distinct": len(distinct) if distinct is not None else None, "count": count,
+            "min": low if count else None, "max": high if count else None,
+            "mean": float(mean[0]) if scalar else mean.tolist(),
+            "std": float(std[0]) if scalar else std.tolist()}
+
+
 class Pipeline(BasePipeline):
     """`(x, y)` arrays -> examples; see the module docstring."""
 
@@ -159,9 +197,9 @@ class Pipeline(BasePipeline):
                 "y_shape": [] if integer else y_shape,
                 "source_splits": sorted(s for s in pairs if s) or None,
                 "num_examples": {str(s): len(x) for s, (x, _) in pairs.items()}}
+        info["label_stats"] = label_stats([y for _, y in pairs.values()], integer)
         if integer:
-            info["num_classes"] = 1 + max((int(chunk.max()) for _, y in pairs.values()
-                                           for chunk in y.chunks(0, len(y)) if chunk.size), default=0)
+            info["num_classes"] = 1 + max(0, int(info["label_stats"]["max"] or 0))
         return info
 
     def read(self, source, info, worker=0, num_workers=1):

@@ -95,7 +95,9 @@ def test_a_command_line_data_dir_is_not_filled_with_the_embedded_digits(cli, cap
     assert json.loads((mine / "dataset.json").read_text())["pipeline"] == "digits"
 
 
-def test_a_float_label_is_one_clear_error_not_a_traceback(cli, capsys, tmp_path):
+def test_a_float_label_classified_is_one_clear_error_not_a_traceback(cli, capsys, tmp_path):
+    """A float label is a regression target (tests/test_regression.py trains one); asking for a
+    classifier of it is one clear line."""
     table = tmp_path / "table.csv"
     rng = np.random.default_rng(0)
     rows = ["a,b,y"] + [f"{a:.3f},{b:.3f},{a * 2 + b:.3f}" for a, b in rng.normal(size=(200, 2))]
@@ -106,10 +108,11 @@ def test_a_float_label_is_one_clear_error_not_a_traceback(cli, capsys, tmp_path)
                "--splits=train:0.8,validation:0.1,test:0.1", "--workers=1") == 0
     capsys.readouterr()
     code = cli("train", f"--params_override=data.dir={data},model.name=mlp,model.params={{}},"
-               "train.epochs=1", f"--model_dir={tmp_path / 'run'}")
+               "train.epochs=1,task.type=classification", f"--model_dir={tmp_path / 'run'}")
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err and "KeyError" not in err
-    assert "names no num_classes" in err and "classifiers" in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "needs integer class labels" in err and "task.type=regression" in err
 
 
 def test_evaluate_on_data_that_does_not_fit_the_model_is_one_line(cli, capsys, tmp_path,

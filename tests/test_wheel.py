@@ -114,7 +114,7 @@ def test_installed_wheel_runs_from_its_own_venv(installed, tmp_path):
     unknown = _run([tftrain, "train", "--config=no_such_config"], timeout=120, cwd=tmp_path,
                    env=env)
     assert unknown.returncode == 2, unknown.stderr
-    assert "shipped configs: digits, digits_dtensor, digits_tpu" in unknown.stderr, unknown.stderr
+    assert "shipped configs: diabetes, digits, digits_dtensor, digits_tpu" in unknown.stderr, unknown.stderr
 
     own = tmp_path / "mine.yaml"  # a user's own config path is read (its bad key is reported)
     own.write_text("train:\n  epoch: 1\n", encoding="utf-8")

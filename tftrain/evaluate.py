@@ -1,15 +1,26 @@
-"""Evaluate an exported model on a dataset split."""
+"""Evaluate an exported model on a dataset split, with the metrics of the model's task.
+
+The task is the one the model was trained for: the `task` section of its run's params.yaml when
+the model lies in a run directory (`RUN/export/<version>`, `RUN/pruned`, `RUN/quantized/*.tflite`;
+a run without one trained a classifier), else what the dataset's label says (`task.type=auto`).
+A SavedModel and a .tflite file are scored by the same function (`Task.evaluate`).
+"""
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import tensorflow as tf
 import tf_keras as keras
 
+from tftrain import config as config_lib
 from tftrain import data as data_lib
-from tftrain import export
+from tftrain import export, run_dir, tasks
+from tftrain.data import manifest as manifest_lib
 from tftrain.errors import DataError, TftrainError
 from tftrain.fileio import join, write_json
+from tftrain.optimize import metrics as metrics_lib
+from tftrain.tasks import r2_metric  # noqa: F401  (registers R2: regression SavedModels load)
 
 
 def load_saved_model(path: str):
@@ -26,27 +37,60 @@ def load_saved_model(path: str):
 def evaluate(model_path: str, data_dir: str, split: str, batch_size: int = 256,
              output: str | None = None, pipeline: str | None = None,
              pipeline_options: dict | None = None) -> dict:
-    """Evaluates a SavedModel (or .tflite file) on `split`; writes and returns the metrics.
+    """Evaluates a SavedModel (or .tflite file) on `split` with its task's metrics (see the
+    module docstring); writes and returns them.
 
     `pipeline`: `data_dir` holds TFRecords another tool wrote, read with that pipeline's schema
     (see `tftrain.data.load`).
     """
     dataset = data_lib.load(data_dir, split, batch_size, training=False, pipeline=pipeline,
                             pipeline_options=pipeline_options)
+    task = task_of(model_path, data_dir, pipeline)
     if model_path.endswith(".tflite"):
         from tftrain.optimize.tflite_eval import evaluate_tflite
 
-        metrics = evaluate_tflite(model_path, dataset)
+        metrics = evaluate_tflite(model_path, dataset, task=task)
     else:
         model = load_saved_model(model_path)
         check_inputs_fit(model, dataset.element_spec[0], f"{data_dir} (split {split!r})")
-        model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                      metrics=["accuracy"])
-        metrics = {k: float(v) for k, v in model.evaluate(dataset, return_dict=True, verbose=0).items()}
-    result = {"model": model_path, "data": data_dir, "split": split, **metrics}
+        metrics = metrics_lib.keras_metrics(model, dataset, task)
+    result = {"model": model_path, "data": data_dir, "split": split, "task": task.name, **metrics}
     output = output or join(os.path.dirname(_export_dir(model_path)) or ".", f"eval_{split}.json")
     write_json(output, result)
     return metrics
+
+
+def task_of(model_path: str, data_dir: str, pipeline: str | None = None):
+    """The task that scores `model_path` on `data_dir` (see the module docstring)."""
+    config = config_lib.Config()
+    config.data.dir = data_dir
+    params = run_params(model_path)
+    if params:
+        values = config_lib.read_yaml(params).get("task") or {"type": "classification"}
+        config.task = dataclasses.replace(
+            config.task, **{key: str(values[key]) for key in ("type", "loss") if key in values})
+        config_lib.check_task(config)
+    if manifest_lib.exists(data_dir):
+        manifest = manifest_lib.read(data_dir)
+    else:  # TFRecords of another tool: its pipeline's schema, no recorded label statistics
+        config.data.format = "tfrecord"
+        manifest = {"pipeline": pipeline, "info": {}}
+    return tasks.from_config(config, manifest, training=False)
+
+
+def run_params(model_path: str) -> str | None:
+    """The params.yaml of the run `model_path` belongs to (RUN/export[/<version>], RUN/pruned,
+    RUN/quantized/model.tflite), or None."""
+    path = model_path.rstrip("/")
+    for _ in range(3):
+        parent = os.path.dirname(path)
+        if os.path.basename(path) in (run_dir.EXPORT, run_dir.PRUNED, run_dir.QUANTIZED):
+            found = join(parent, run_dir.PARAMS)
+            return found if tf.io.gfile.exists(found) else None
+        if not parent or parent == path:
+            return None
+        path = parent
+    return None
 
 
 def _export_dir(model_path: str) -> str:

@@ -136,8 +136,9 @@ def tensor_signature(model):
 
 
 def example_signatures(model, data, manifest: dict) -> tuple[dict, list]:
-    """`serving_examples` and, for a classifier (one [batch, K] output), `classify` (see the
-    module docstring), traced; and the pipeline's resources (lookup tables) they capture."""
+    """`serving_examples` and, for a classifier (one [batch, K] output, a dataset with
+    `num_classes`), `classify` (see the module docstring), traced; and the pipeline's resources
+    (lookup tables) they capture."""
     source = foreign.load_kwargs(data)  # the pipeline, options, info and schema of reader.load
     info = manifest.get("info", {})
     pipeline = load_pipeline(source.get("pipeline") or manifest["pipeline"],
@@ -148,8 +149,8 @@ def example_signatures(model, data, manifest: dict) -> tuple[dict, list]:
         inputs, _ = pipeline.decode(tf.io.parse_example(serialized, spec), info)
         outputs = _named_outputs(model, inputs)
         logits = next(iter(outputs.values())) if len(outputs) == 1 else None
-        if logits is None or logits.shape.rank != 2:
-            return outputs, None
+        if logits is None or logits.shape.rank != 2 or not info.get("num_classes"):
+            return outputs, None  # not a classifier (e.g. a regression: no classes to name)
         names = info.get("class_names") or []
         if len(names) != logits.shape[-1]:
             names = [str(i) for i in range(logits.shape[-1])]

@@ -1,12 +1,16 @@
 """The model registry: `mlp`, `cnn`, `resnet`, or a user's `package.module:function`.
 
-A builder takes `input_shape` and `num_classes` (both from the dataset) plus its own keyword
-parameters (`model.params` in the config) and returns an uncompiled tf_keras model whose output
-is float32 logits. Builders import tf_keras inside, so checking a config does not start
-TensorFlow.
+A builder gets what the dataset says: `input_shape`, and either `outputs` (a `OutputSpec` from
+the task: how many values the last layer gives and what they are; `outputs.head(x)` builds that
+layer) or, for builders written before tasks, `num_classes` (`outputs.size`). Which one is
+decided by the builder's signature, so `def build(input_shape, num_classes, **params)` keeps
+working. It also gets its own keyword parameters (`model.params` in the config) and returns an
+uncompiled tf_keras model whose outputs are float32. Builders import tf_keras inside, so
+checking a config does not start TensorFlow.
 """
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import importlib
 import inspect
@@ -14,14 +18,48 @@ from typing import Callable
 
 from tftrain.errors import ConfigError
 
-
-def _logits(keras, x, num_classes):
-    # float32 logits even under a mixed-precision policy: the loss must not be computed in fp16.
-    return keras.layers.Dense(num_classes, dtype="float32", name="logits")(x)
+# What a builder receives besides model.params (never settable there).
+DATASET_ARGUMENTS = ("input_shape", "outputs", "num_classes")
 
 
-def mlp(input_shape, num_classes, hidden_units=(256, 128), dropout=0.1):
+@dataclasses.dataclass(frozen=True)
+class OutputSpec:
+    """What the model's last layer gives per example: `size` float32 values.
+
+    `kind="logits"`: class logits (`size` classes). `kind="values"`: regression values in the
+    label's units; with `mean` and `std` (per output, or one for all, measured at conversion)
+    the head predicts standardized values and scales them back, so training sees unit-scale
+    targets.
+    """
+
+    size: int
+    kind: str = "logits"
+    mean: tuple = ()
+    std: tuple = ()
+
+    def head(self, x):
+        """The output layer(s) on the features `x`; float32 even under a mixed-precision policy
+        (the loss must not be computed in fp16)."""
+        import tf_keras as keras
+
+        if self.kind == "logits":
+            return keras.layers.Dense(self.size, dtype="float32", name="logits")(x)
+        x = keras.layers.Dense(self.size, dtype="float32", name="standardized")(x)
+        if not self.std:
+            return x
+        scale = list(self.std) if len(self.std) > 1 else self.std[0]
+        offset = list(self.mean) if len(self.mean) > 1 else self.mean[0]
+        return keras.layers.Rescaling(scale, offset, dtype="float32", name="values")(x)
+
+
+def as_output_spec(outputs) -> OutputSpec:
+    """`outputs` as an OutputSpec: an int is a number of classes (the call before tasks)."""
+    return outputs if isinstance(outputs, OutputSpec) else OutputSpec(size=int(outputs))
+
+
+def mlp(input_shape, outputs: OutputSpec, hidden_units=(256, 128), dropout=0.1):
     """A multi-layer perceptron over the flattened input."""
+    outputs = as_output_spec(outputs)
     import tf_keras as keras
 
     inputs = keras.Input(shape=input_shape, name="inputs")
@@ -30,11 +68,12 @@ def mlp(input_shape, num_classes, hidden_units=(256, 128), dropout=0.1):
         x = keras.layers.Dense(units, activation="relu")(x)
         if dropout:
             x = keras.layers.Dropout(dropout)(x)
-    return keras.Model(inputs, _logits(keras, x, num_classes), name="mlp")
+    return keras.Model(inputs, outputs.head(x), name="mlp")
 
 
-def cnn(input_shape, num_classes, filters=(32, 64), dense_units=128, dropout=0.25):
+def cnn(input_shape, outputs: OutputSpec, filters=(32, 64), dense_units=128, dropout=0.25):
     """A small convolutional network: conv-conv-pool blocks, then a dense head."""
+    outputs = as_output_spec(outputs)
     import tf_keras as keras
 
     inputs = keras.Input(shape=input_shape, name="inputs")
@@ -48,12 +87,13 @@ def cnn(input_shape, num_classes, filters=(32, 64), dense_units=128, dropout=0.2
     x = keras.layers.Dense(dense_units, activation="relu")(x)
     if dropout:
         x = keras.layers.Dropout(dropout)(x)
-    return keras.Model(inputs, _logits(keras, x, num_classes), name="cnn")
+    return keras.Model(inputs, outputs.head(x), name="cnn")
 
 
-def resnet(input_shape, num_classes, depth=3, width=16, stages=3):
+def resnet(input_shape, outputs: OutputSpec, depth=3, width=16, stages=3):
     """A small pre-activation-free ResNet: `stages` stages of `depth` residual blocks each,
     channel width doubling per stage from `width`."""
+    outputs = as_output_spec(outputs)
     import tf_keras as keras
 
     layers = keras.layers
@@ -78,7 +118,7 @@ def resnet(input_shape, num_classes, depth=3, width=16, stages=3):
             stride = 2 if (stage > 0 and index == 0 and min(x.shape[1], x.shape[2]) >= 4) else 1
             x = block(x, width * 2**stage, stride)
     x = layers.GlobalAveragePooling2D()(x)
-    return keras.Model(inputs, _logits(keras, x, num_classes), name="resnet")
+    return keras.Model(inputs, outputs.head(x), name="resnet")
 
 
 REGISTRY: dict[str, Callable] = {"mlp": mlp, "cnn": cnn, "resnet": resnet}
@@ -109,7 +149,7 @@ def check_model(name: str, params: dict) -> None:
     builder = get_builder(name)
     signature = inspect.signature(builder)
     accepts_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
-    allowed = [p for p in signature.parameters if p not in ("input_shape", "num_classes")]
+    allowed = [p for p in signature.parameters if p not in DATASET_ARGUMENTS]
     for key in params:
         if key not in allowed and not accepts_any:
             close = difflib.get_close_matches(key, allowed, n=2)
@@ -118,11 +158,19 @@ def check_model(name: str, params: dict) -> None:
                               f"(it takes: {', '.join(allowed) or 'none'})")
 
 
-def build_model(name: str, params: dict, input_shape, num_classes: int):
-    """Builds the model; call inside `strategy.scope()`."""
+def build_model(name: str, params: dict, input_shape, outputs: OutputSpec | int):
+    """Builds the model; call inside `strategy.scope()`.
+
+    `outputs`: the task's `OutputSpec`, or a number of classes. A builder that takes `outputs`
+    gets the spec; one that takes `num_classes` (written before tasks) gets `outputs.size`.
+    """
     import tf_keras as keras
 
-    model = get_builder(name)(input_shape=tuple(input_shape), num_classes=num_classes, **params)
+    spec = as_output_spec(outputs)
+    builder = get_builder(name)
+    parameters = inspect.signature(builder).parameters
+    given = {"outputs": spec} if "outputs" in parameters else {"num_classes": spec.size}
+    model = builder(input_shape=tuple(input_shape), **given, **params)
     if not isinstance(model, keras.Model):
         raise ConfigError(
             f"model {name!r} returned {type(model).__module__}.{type(model).__name__}, not a "

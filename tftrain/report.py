@@ -81,10 +81,13 @@ def table(runs: list[Run]) -> str:
     eval_name = splits.pop() if len(splits) == 1 else "eval"
     eval_metrics = _union([k for k in s.get("eval", {}) if k != "split"] for s in finished)
     val_metrics = _union(run.validation() for run in runs)
-    models = _union([row["model"] for row in run.optimized] for run in runs)
+    # Each optimized model with the measure its reports give (accuracy, or rmse for regression).
+    models = {m: "/".join(_union([row.get("measure", "accuracy") for row in run.optimized
+                                  if row["model"] == m] for run in runs))
+              for m in _union([row["model"] for row in run.optimized] for run in runs)}
     header = (["run", "epochs"] + [f"{eval_name} {m}" for m in eval_metrics]
               + [f"val {m}" for m in val_metrics] + ["steps/s", "strategy", "precision"]
-              + [f"{m}: accuracy, gzip KiB" for m in models])
+              + [f"{m}: {measure}, gzip KiB" for m, measure in models.items()])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for label, run in zip(labels(runs), runs):
         s = run.summary or {}
@@ -102,7 +105,8 @@ def table(runs: list[Run]) -> str:
                  + [_number(validation.get(m)) for m in val_metrics]
                  + [_number(1 / seconds if seconds else None, 1), strategy,
                     s.get("mixed_precision", MISSING)]
-                 + [f"{optimized[m]['accuracy']:.4f}, {optimized[m]['gzip_bytes'] / 1024:.1f}"
+                 + [f"{optimized[m][optimized[m].get('measure', 'accuracy')]:.4f}, "
+                    f"{optimized[m]['gzip_bytes'] / 1024:.1f}"
                     if m in optimized else MISSING for m in models])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

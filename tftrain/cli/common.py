@@ -43,6 +43,10 @@ _DEFINITIONS = {
     "pipeline_options": lambda: flags.DEFINE_string(
         "pipeline_options", "", "Pipeline options as key=value,key=value (a value may contain "
         "commas: columns=a,b,label_column=y)."),
+    "max_metric_change": lambda: flags.DEFINE_float(
+        "max_metric_change", None, "Regression runs: largest accepted relative RMSE increase "
+        "versus the float model (0.05 = 5% worse); default: 0.05 for quantize, no gate for "
+        "prune.", lower_bound=0.0),
     "overwrite": lambda: flags.DEFINE_bool(
         "overwrite", False, "Replace existing finished output instead of refusing."),
 }

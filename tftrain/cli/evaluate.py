@@ -1,6 +1,8 @@
-"""Evaluate a trained model (a SavedModel directory) on a dataset split.
+"""Evaluate a trained model (a SavedModel directory or a .tflite file) on a dataset split.
 
-Prints the metrics and writes them as JSON (--output, default <model>/../eval_<split>.json).
+Prints the metrics of the model's task (accuracy and loss for a classifier; loss, MSE, RMSE, MAE
+and R² for regression: the task of its run's params.yaml, else the one the dataset's label
+implies) and writes them as JSON (--output, default <model>/../eval_<split>.json).
 Example: tftrain evaluate --model=runs/demo/export --data=data/digits --split=test
 TFRecords written by other tools (no dataset.json): add --pipeline=NAME, the pipeline whose
 schema they follow (--data is then a directory of <split>-* files or a glob with {split}).

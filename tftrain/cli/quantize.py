@@ -5,8 +5,9 @@ split), float16 (float16 weights), qat (quantization-aware fine-tuning, then int
 model it keeps the sparsity). Several modes: --mode=int8,float16. Each model is written to
 RUN/quantized/model_<mode>.tflite (model_pruned_<mode> with --source=pruned) and evaluated with
 the LiteRT interpreter on the evaluation split next to the float .tflite; the report goes to
-RUN/quantized/report_<mode>.json and report.json. Exits non-zero (keeping the reports) when the
-accuracy drop exceeds --max_accuracy_drop. Prints the float / pruned / quantized table.
+RUN/quantized/report_<mode>.json and report.json. Exits non-zero (keeping the reports) when a
+classifier's accuracy drop exceeds --max_accuracy_drop, or a regression model's RMSE grew by more
+than --max_metric_change. Prints the float / pruned / quantized table.
 Example: tftrain quantize --model_dir=runs/demo --mode=int8,float16
 """
 from absl import flags
@@ -15,12 +16,12 @@ from tftrain import quiet_start
 from tftrain.cli.common import require, use_flags
 
 FLAGS = flags.FLAGS
-use_flags(__name__, "model_dir", "strategy", "split")
+use_flags(__name__, "model_dir", "strategy", "split", "max_metric_change")
 flags.DEFINE_list("mode", None, "dynamic, int8, float16 or qat; a comma-separated list runs each.")
 flags.DEFINE_enum("source", "export", ["export", "pruned"],
                   "Which model of the run: export/ (trained) or pruned/ (from tftrain prune).")
-flags.DEFINE_float("max_accuracy_drop", 0.01, "Largest accepted accuracy drop versus the float "
-                   ".tflite (0.01 = one point).")
+flags.DEFINE_float("max_accuracy_drop", 0.01, "Classifiers: largest accepted accuracy drop "
+                   "versus the float .tflite (0.01 = one point).")
 flags.DEFINE_bool("int8_io", False, "int8/qat: int8 model inputs and outputs instead of float.")
 flags.DEFINE_integer("num_calibration_examples", 100, "int8: training examples used to "
                      "calibrate activation ranges.")
@@ -41,6 +42,8 @@ def main(argv):
     try:
         reports = runs.quantize_run(
             FLAGS.model_dir, modes, source=FLAGS.source, max_accuracy_drop=FLAGS.max_accuracy_drop,
+            max_metric_change=(0.05 if FLAGS.max_metric_change is None
+                               else FLAGS.max_metric_change),
             int8_io=FLAGS.int8_io, qat_epochs=FLAGS.qat_epochs,
             qat_learning_rate=FLAGS.qat_learning_rate,
             num_calibration_examples=FLAGS.num_calibration_examples, split=FLAGS.split,
@@ -51,7 +54,8 @@ def main(argv):
         raise
     print(report.demo_table(FLAGS.model_dir))
     for r in reports:
-        print(f"{r['mode']}: {r['tflite_path']} accuracy {r['accuracy']:.4f} (float "
-              f"{r['float_accuracy']:.4f}), {r['tflite_bytes']} bytes ({r['size_ratio']:.2f}x), "
+        measure = r["measure"]
+        print(f"{r['mode']}: {r['tflite_path']} {measure} {r[measure]:.4f} (float "
+              f"{r['float_' + measure]:.4f}), {r['tflite_bytes']} bytes ({r['size_ratio']:.2f}x), "
               f"{r['latency_ms']:.4f} ms/example at batch 1 ({r['latency_ratio']:.2f}x)")
     return 0

@@ -7,21 +7,15 @@ import tf_keras as keras
 from absl import logging
 
 
-def training_loss(model: keras.Model):
-    """The loss `model` was compiled with, else sparse categorical cross-entropy.
-
-    Without a compiled loss, `from_logits` follows the last layer: probabilities when the model
-    ends in a softmax or sigmoid, logits otherwise.
-    """
+def training_loss(model: keras.Model, task=None):
+    """The loss `model` was compiled with, else its task's (`tftrain.tasks`; default: sparse
+    categorical cross-entropy, of logits unless the model ends in a softmax or sigmoid)."""
     loss = getattr(model, "loss", None)
     if loss:
         return loss
-    last = model.layers[-1]
-    activation = getattr(getattr(last, "activation", None), "__name__", "")
-    if isinstance(last, keras.layers.Softmax):
-        activation = "softmax"
-    return keras.losses.SparseCategoricalCrossentropy(
-        from_logits=activation not in ("softmax", "sigmoid"))
+    from tftrain.tasks.classification import ClassificationTask
+
+    return (task or ClassificationTask({})).loss(model)
 
 
 def strategy_scope(strategy=None):

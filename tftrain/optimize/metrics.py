@@ -1,30 +1,34 @@
-"""Classification accuracy: the one measure every optimized model is compared on."""
+"""The task's measure of a Keras model over a dataset: what every optimized model is compared on.
+
+The numbers themselves come from the task (`Task.evaluate`, pure numpy), so a SavedModel and a
+.tflite file of the same model are scored by the same code. `predicted_classes` and
+`count_correct` are the classification task's.
+"""
 from __future__ import annotations
 
 import numpy as np
 
-
-def predicted_classes(outputs) -> np.ndarray:
-    """Class ids from a batch of scores: argmax over classes, or `> 0.5` for one sigmoid unit."""
-    outputs = np.asarray(outputs)
-    if outputs.ndim == 1 or outputs.shape[-1] == 1:
-        return (outputs.reshape(len(outputs)) > 0.5).astype(np.int64)
-    return outputs.reshape(len(outputs), -1).argmax(axis=-1)
+from tftrain.tasks.classification import count_correct, predicted_classes  # noqa: F401
 
 
-def count_correct(outputs, labels) -> int:
-    """How many rows of `outputs` predict their integer `labels`."""
-    labels = np.asarray(labels).reshape(-1).astype(np.int64)
-    return int((predicted_classes(outputs) == labels).sum())
+def predictions(model, dataset) -> tuple[np.ndarray, np.ndarray]:
+    """`(outputs, labels)` of a Keras model over a dataset of `(inputs, label)` batches, in
+    inference mode, one row per example."""
+    outputs, labels = [], []
+    for inputs, batch_labels in dataset:
+        outputs.append(np.asarray(model(inputs, training=False)))
+        labels.append(np.asarray(batch_labels))
+    if not outputs:
+        raise ValueError("the evaluation dataset is empty")
+    return np.concatenate(outputs), np.concatenate(labels)
+
+
+def keras_metrics(model, dataset, task) -> dict[str, float]:
+    """The task's metrics (`Task.evaluate`) of a Keras model over a dataset."""
+    return task.evaluate(*predictions(model, dataset))
 
 
 def keras_accuracy(model, dataset) -> float:
     """Accuracy of a Keras classifier over a dataset of `(inputs, label)` batches."""
-    correct = total = 0
-    for inputs, labels in dataset:
-        outputs = model(inputs, training=False)
-        correct += count_correct(outputs, labels)
-        total += int(np.asarray(labels).reshape(-1).shape[0])
-    if not total:
-        raise ValueError("the evaluation dataset is empty")
-    return correct / total
+    outputs, labels = predictions(model, dataset)
+    return count_correct(outputs, labels) / len(labels.reshape(-1))

@@ -2,7 +2,8 @@
 
 Layout inside a run directory:
 
-    pruned/report.json                    prune: sparsity, sizes, accuracy before/after
+    pruned/report.json                    prune: sparsity, sizes, the task's measure (accuracy,
+                                          or rmse for regression) before/after
     quantized/report_<name>.json          one per quantized model, <name> = <mode> for the
                                           export, pruned_<mode> for --source=pruned
     quantized/report.json                 the report of the latest quantized model
@@ -39,17 +40,21 @@ def _read_if_exists(path: str) -> dict | None:
     return read_json(path) if tf.io.gfile.exists(path) else None
 
 
-# What one model's entry in a report holds (quantize reports: also with a `float_` prefix), and
-# the settings its times were measured with.
-MEASURED = ("accuracy", "tflite_bytes", "gzip_bytes", "latency_ms", "throughput_ms_per_example")
+# What one model's entry in a report holds (quantize reports: also with a `float_` prefix)
+# besides the task's measure (`accuracy`, `rmse`: the entry's `measure`), and the settings its
+# times were measured with.
+MEASURED = ("tflite_bytes", "gzip_bytes", "latency_ms", "throughput_ms_per_example")
 TIMING_SETTINGS = ("latency_batch_size", "throughput_batch_size", "num_threads")
 
 
-def measured_of(entry: dict, prefix: str = "") -> dict:
-    """One model's numbers from a report entry (`prefix="float_"`: the float reference's), with
-    the timing settings; keys an older report lacks are None."""
-    numbers = {key: entry.get(prefix + key) for key in MEASURED}
-    return {**numbers, **{key: entry.get(key) for key in TIMING_SETTINGS + ("cpu",)}}
+def measured_of(entry: dict, prefix: str = "", measure: str | None = None) -> dict:
+    """One model's numbers from a report entry (`prefix="float_"`: the float reference's): the
+    task's `measure` (default: the entry's, else accuracy, as reports before tasks), under its
+    own name and as `measure`, and the timing settings; keys an older report lacks are None."""
+    measure = measure or entry.get("measure") or "accuracy"
+    numbers = {key: entry.get(prefix + key) for key in (measure,) + MEASURED}
+    return {"measure": measure, **numbers,
+            **{key: entry.get(key) for key in TIMING_SETTINGS + ("cpu",)}}
 
 
 def make_row(name: str, measured: dict, float_row: dict | None, note: str = "",
@@ -78,17 +83,21 @@ def comparison_rows(run_dir: str) -> list[dict]:
     if reference:
         float_row = make_row("float", measured_of(reference, "float_"), None)
     elif pruned and "float_tflite" in pruned:
-        float_row = make_row("float", measured_of(pruned["float_tflite"]), None)
+        float_row = make_row("float", measured_of(pruned["float_tflite"],
+                                                  measure=pruned.get("measure")), None)
     rows = [float_row] if float_row else []
     if pruned and "tflite" in pruned:
         sparsity = (f"{pruned['sparsity_m_by_n']} sparsity" if pruned.get("sparsity_m_by_n")
                     else f"{pruned['sparsity']:.0%} sparse")
-        rows.append(make_row("pruned", measured_of(pruned["tflite"]), float_row, sparsity,
-                             pruned.get("float_tflite") and measured_of(pruned["float_tflite"])))
+        measure = pruned.get("measure")
+        rows.append(make_row("pruned", measured_of(pruned["tflite"], measure=measure), float_row,
+                             sparsity, pruned.get("float_tflite") and measured_of(
+                                 pruned["float_tflite"], measure=measure)))
     order = {"dynamic": 0, "int8": 1, "float16": 2, "qat": 3}
     for r in sorted(quantized, key=lambda r: (r["source"] != "export", order.get(r["mode"], 9))):
         rows.append(make_row(model_name(r["mode"], r["source"]), measured_of(r), float_row,
-                             "" if r.get("passed", True) else "FAILED accuracy gate",
+                             "" if r.get("passed", True) else
+                             f"FAILED {r.get('measure', 'accuracy')} gate",
                              measured_of(r, "float_")))
     return rows
 
@@ -102,8 +111,9 @@ def _settings(batch_size, num_threads) -> str:
 
 
 def format_table(rows: list[dict]) -> str:
-    """A markdown table: accuracy, .tflite size, gzip size, batch-1 latency and time per
-    example at a large batch, each also relative to float; the header states the batch sizes
+    """A markdown table: the task's measure (accuracy, or rmse for regression), .tflite size,
+    gzip size, batch-1 latency and time per example at a large batch, each also relative to
+    float (accuracy in points, other measures as a ratio); the header states the batch sizes
     and threads of the times (a row timed otherwise says so in its note), a line below the
     table the CPU they were measured on."""
 
@@ -116,20 +126,30 @@ def format_table(rows: list[dict]) -> str:
 
     settings = [rows[0][key] for key in TIMING_SETTINGS]
     latency_batch, throughput_batch, threads = settings
-    lines = [f"| model | accuracy | .tflite KiB | gzip KiB "
+    measure = rows[0].get("measure") or "accuracy"
+
+    def score(row):
+        value, base = row.get(measure), row["float"] and row["float"].get(measure)
+        if value is None:
+            return "-"
+        if base is None:
+            return f"{value:.4f}"
+        if measure == "accuracy":
+            return f"{value:.4f} ({100 * (value - base):+.1f} pt)"
+        return f"{value:.4f} ({value / base:.3f}x)" if base else f"{value:.4f}"
+
+    lines = [f"| model | {measure} | .tflite KiB | gzip KiB "
              f"| latency ms/example{_settings(latency_batch or 1, threads)} "
              f"| ms/example{_settings(throughput_batch, threads)} | note |",
              "|---|---|---|---|---|---|---|"]
     for row in rows:
-        delta = (f" ({100 * (row['accuracy'] - row['float']['accuracy']):+.1f} pt)"
-                 if row["float"] else "")
         note = row["note"]
         if [row[key] for key in TIMING_SETTINGS] != settings:
             timed = (f"timed at batch {row['latency_batch_size'] or 1}/"
                      f"{row['throughput_batch_size'] or '-'}, {row['num_threads'] or '?'} threads")
             note = f"{note}; {timed}" if note else timed
         lines.append(
-            f"| {row['model']} | {row['accuracy']:.4f}{delta} "
+            f"| {row['model']} | {score(row)} "
             f"| {row['tflite_bytes'] / 1024:.1f}{ratio(row, 'tflite_bytes')} "
             f"| {row['gzip_bytes'] / 1024:.1f}{ratio(row, 'gzip_bytes')} "
             f"| {ms(row, 'latency_ms')} | {ms(row, 'throughput_ms_per_example')} | {note} |")

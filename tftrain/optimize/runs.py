@@ -14,12 +14,14 @@ from absl import logging
 
 from tftrain import config as config_lib
 from tftrain import data as data_lib
-from tftrain import cluster, distribute, export, optimizers, run_dir, train
+from tftrain import cluster, distribute, export, optimizers, run_dir, tasks, train
 from tftrain.data import foreign, reader
 from tftrain.errors import ConfigError, TftrainError
 from tftrain.fileio import join, write_atomic, write_json
-from tftrain.optimize import distill, metrics, prune, quantize, report, sizes, tflite_eval
+from tftrain.optimize import distill, finetune, metrics, prune, quantize, report, sizes
+from tftrain.optimize import tflite_eval
 from tftrain.optimize.keras_model import load_keras_model
+from tftrain.tasks import r2_metric  # noqa: F401  (registers R2: regression SavedModels load)
 
 SOURCES = ("export", "pruned")
 
@@ -35,6 +37,23 @@ def load_run_config(model_dir: str, strategy_name: str | None = None) -> config_
         config.runtime.strategy = strategy_name
         config_lib.validate(config)
     return config
+
+
+def run_task(config: config_lib.Config):
+    """The task a finished run trained (its params.yaml's `task`), on its dataset."""
+    return tasks.from_config(config, foreign.read_manifest(config.data), training=False)
+
+
+def check_gate(task, max_change: float | None, flag: str) -> None:
+    """Raises ConfigError when `flag` (which bounds `max_change`) is not the task's gate, or
+    bounds it below 0."""
+    if max_change is None:
+        return
+    if flag != task.gate_flag:
+        raise ConfigError(f"{flag} bounds the change of another task's measure; this run's task "
+                          f"is {task.name}: bound its {task.measure} with {task.gate_flag}")
+    if max_change < 0:
+        raise ConfigError(f"{flag}={max_change} must be >= 0")
 
 
 def model_path(model_dir: str, source: str = "export") -> str:
@@ -99,11 +118,12 @@ def _optimizer_fn(config: config_lib.Config, learning_rate: float | None, steps_
                                              steps_per_epoch * epochs)
 
 
-def _tflite_measure(content: bytes, path: str, eval_data, max_examples: int | None) -> dict:
-    """Writes a .tflite and evaluates its accuracy with the interpreter on the evaluation data
-    (its times come from `_add_latencies`)."""
+def _tflite_measure(content: bytes, path: str, eval_data, max_examples: int | None,
+                    task) -> dict:
+    """Writes a .tflite and evaluates it (the task's metrics) with the interpreter on the
+    evaluation data (its times come from `_add_latencies`)."""
     write_atomic(path, content)
-    result = tflite_eval.evaluate_tflite(content, eval_data, max_examples=max_examples,
+    result = tflite_eval.evaluate_tflite(content, eval_data, task=task, max_examples=max_examples,
                                          latency_rounds=1)
     return {"path": path, "content": content, **result}
 
@@ -126,8 +146,13 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
               distill_weight: float = distill.DEFAULT_WEIGHT,
               temperature: float = distill.DEFAULT_TEMPERATURE, split: str | None = None,
               strategy_name: str | None = None, num_threads: int = 1,
-              max_eval_examples: int | None = None, strategy=None) -> dict:
+              max_eval_examples: int | None = None, max_metric_change: float | None = None,
+              strategy=None) -> dict:
     """Prunes `model_dir/export` under the run's strategy, data and optimizer; writes `pruned/`.
+
+    Fine-tuned with the task's loss and measured with its metrics (`tftrain.tasks`); a
+    regression run with `max_metric_change` fails (after writing the report) when the pruned
+    model's RMSE is more than that fraction above the float model's.
 
     `epochs=None` fine-tunes for `prune.finetune_epochs` of the training split (enough steps
     for the data, whatever its size); `distill_weight` and `temperature`: see
@@ -140,6 +165,8 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
     if epochs is not None and epochs < 1:
         raise ConfigError(f"--epochs={epochs}: pruning needs at least one fine-tuning epoch")
     config = load_run_config(model_dir, strategy_name)
+    task = run_task(config)
+    check_gate(task, max_metric_change, "--max_metric_change")
     source = model_path(model_dir, "export")
     out = join(model_dir, report.PRUNED)
     run_dir.check_replaceable(out)
@@ -154,25 +181,27 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
 
         model = load_keras_model(source)
         before = prune.sparsity_report(model)
-        accuracy_before = metrics.keras_accuracy(model, eval_data)
+        measure = task.measure  # accuracy for classifiers, rmse for regression
+        measured_before = metrics.keras_metrics(model, eval_data, task)
         result = prune.prune_model(
             model, train_data, steps_per_epoch=steps_per_epoch, epochs=epochs,
             target_sparsity=target_sparsity, m_by_n=structure, schedule=schedule,
             min_weights=min_weights, distill_weight=distill_weight, temperature=temperature,
+            loss=finetune.training_loss(model, task),
             optimizer_fn=_optimizer_fn(config, learning_rate, steps_per_epoch, epochs),
             strategy=strategy,
             verbose=2 if logging.level_info() else 0)
         after = prune.sparsity_report(result.model, result.pruned_weights, structure)
-        accuracy_after = metrics.keras_accuracy(result.model, eval_data)
+        measured_after = metrics.keras_metrics(result.model, eval_data, task)
 
         # Every worker takes part in the save; non-chief workers into a temporary directory.
         written = cluster.write_dir_for(out, strategy)
         train.export(result.model, written)
         cluster.cleanup(written, out)
         if not cluster.is_chief(strategy):
-            return {"sparsity": after["sparsity"], "accuracy_after": accuracy_after}
+            return {"sparsity": after["sparsity"], f"{measure}_after": measured_after[measure]}
         tflite = {name: _tflite_measure(quantize.convert(m, "float"), join(out, f"{name}.tflite"),
-                                        eval_data, max_eval_examples)
+                                        eval_data, max_eval_examples, task)
                   for name, m in (("float", model), ("model", result.model))}
         _add_latencies(tflite, eval_data, num_threads)
         summary = {
@@ -190,8 +219,11 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
             "nonzero_params_after": after["nonzero_params"],
             "gzip_bytes_before": sizes.gzip_weights_bytes(model),
             "gzip_bytes_after": sizes.gzip_weights_bytes(result.model),
-            "accuracy_before": accuracy_before, "accuracy_after": accuracy_after,
-            "accuracy_drop": accuracy_before - accuracy_after,
+            "task": task.name, "measure": measure,
+            f"{measure}_before": measured_before[measure],
+            f"{measure}_after": measured_after[measure],
+            task.change_name: task.change(measured_before[measure], measured_after[measure]),
+            "metrics_before": measured_before, "metrics_after": measured_after,
             "unsupported_layers": result.unsupported_layers,
             "min_weights_to_prune": min_weights, "small_layers": result.small_layers,
             "layers": after["layers"],
@@ -200,17 +232,25 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
         }
         summary["gzip_ratio"] = summary["gzip_bytes_after"] / summary["gzip_bytes_before"]
         summary["problems"] = prune.check_sparsity_reached(after, target_sparsity, structure)
+        if max_metric_change is not None:
+            summary["max_metric_change"] = max_metric_change
+            if summary[task.change_name] > max_metric_change + 1e-9:
+                summary["problems"].append(
+                    f"{measure} {measured_after[measure]:.4f} vs float "
+                    f"{measured_before[measure]:.4f} ({task.change_name} "
+                    f"{summary[task.change_name]:.4f} > --max_metric_change={max_metric_change})")
         write_json(join(out, report.REPORT), summary)
         logging.info("pruned model and report in %s", out)
         if summary["problems"]:
             raise TftrainError(f"pruning missed its target ({'; '.join(summary['problems'])}); "
                                f"the report is in {out}/{report.REPORT}. Fine-tune longer "
-                               "(--epochs) or check the layers named.")
+                               "(--epochs), prune less, or check the layers named.")
         return summary
 
 
 def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
-                 max_accuracy_drop: float = 0.01, int8_io: bool = False, qat_epochs: int = 1,
+                 max_accuracy_drop: float = 0.01, max_metric_change: float = 0.05,
+                 int8_io: bool = False, qat_epochs: int = 1,
                  qat_learning_rate: float | None = None, num_calibration_examples: int = 100,
                  split: str | None = None, strategy_name: str | None = None,
                  num_threads: int = 1, max_eval_examples: int | None = None,
@@ -218,8 +258,10 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
     """Quantizes `model_dir`'s `source` model in each of `modes`; writes `quantized/`.
 
     Every .tflite (and the float conversion of the same source, the reference) is evaluated with
-    the interpreter on the evaluation split. Returns the reports; raises `TftrainError` after
-    writing them when any accuracy drop exceeds `max_accuracy_drop`.
+    the interpreter on the evaluation split, with the task's metrics. Returns the reports;
+    raises `TftrainError` after writing them when a model falls short of the task's gate: an
+    accuracy drop above `max_accuracy_drop` (classification, absolute), or an RMSE more than
+    `max_metric_change` above the float model's (regression, relative).
     """
     for mode in modes:
         quantize.check_mode(mode)
@@ -227,7 +269,13 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
         raise ConfigError("--mode is empty: give dynamic, int8, float16 or qat")
     if max_accuracy_drop < 0:
         raise ConfigError(f"--max_accuracy_drop={max_accuracy_drop} must be >= 0")
+    if max_metric_change < 0:
+        raise ConfigError(f"--max_metric_change={max_metric_change} must be >= 0")
     config = load_run_config(model_dir, strategy_name)
+    task = run_task(config)
+    measure = task.measure  # accuracy for classifiers, rmse for regression
+    max_change = {"--max_accuracy_drop": max_accuracy_drop,
+                  "--max_metric_change": max_metric_change}[task.gate_flag]
     path = model_path(model_dir, source)
     out = join(model_dir, report.QUANTIZED)
     run_dir.check_replaceable(out)
@@ -241,7 +289,7 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
         float_name = report.model_name("float", source)
         measured = {float_name: _tflite_measure(
             quantize.convert(model, "float"), join(out, f"model_{float_name}.tflite"), eval_data,
-            max_eval_examples)}
+            max_eval_examples, task)}
         extras = {}
         for mode in modes:
             to_convert, extra = model, {}
@@ -249,7 +297,7 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
                 train_data, steps_per_epoch = _train_data(config, strategy)
                 to_convert, float_layers = quantize.quantization_aware_training(
                     model, train_data, steps_per_epoch=steps_per_epoch, epochs=qat_epochs,
-                    preserve_sparsity=source == "pruned",
+                    preserve_sparsity=source == "pruned", loss=finetune.training_loss(model, task),
                     optimizer_fn=_optimizer_fn(config, qat_learning_rate, steps_per_epoch,
                                                qat_epochs),
                     strategy=strategy, verbose=2 if logging.level_info() else 0)
@@ -267,7 +315,7 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
                                        int8_io=int8_io and mode in ("int8", "qat"))
             name = report.model_name(mode, source)
             measured[name] = _tflite_measure(content, join(out, f"model_{name}.tflite"), eval_data,
-                                             max_eval_examples)
+                                             max_eval_examples, task)
             extras[mode] = extra
         _add_latencies(measured, eval_data, num_threads)
 
@@ -275,11 +323,12 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
         reports, failures = [], []
         for mode in modes:
             result = measured[report.model_name(mode, source)]
-            drop = reference["accuracy"] - result["accuracy"]
+            change = task.change(reference[measure], result[measure])
             entry = {
                 "mode": mode, "source": source, "model": path, "split": split,
                 "tflite_path": result["path"], "tflite_bytes": result["tflite_bytes"],
-                "gzip_bytes": result["gzip_bytes"], "accuracy": result["accuracy"],
+                "gzip_bytes": result["gzip_bytes"], "task": task.name, "measure": measure,
+                measure: result[measure],
                 "latency_ms": result["latency_ms"],
                 "throughput_ms_per_example": result["throughput_ms_per_example"],
                 **{key: result[key] for key in report.TIMING_SETTINGS + ("cpu",)},
@@ -287,10 +336,12 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
                 "float_tflite_path": reference["path"],
                 "float_tflite_bytes": reference["tflite_bytes"],
                 "float_gzip_bytes": reference["gzip_bytes"],
-                "float_accuracy": reference["accuracy"],
+                f"float_{measure}": reference[measure],
                 "float_latency_ms": reference["latency_ms"],
                 "float_throughput_ms_per_example": reference["throughput_ms_per_example"],
-                "accuracy_drop": drop, "max_accuracy_drop": max_accuracy_drop,
+                task.change_name: change, f"max_{task.change_name}": max_change,
+                "metrics": {k: result[k] for k in task.evaluate_keys(result)},
+                "float_metrics": {k: reference[k] for k in task.evaluate_keys(reference)},
                 "size_ratio": result["tflite_bytes"] / reference["tflite_bytes"],
                 "latency_ratio": result["latency_ms"] / reference["latency_ms"],
                 "throughput_ratio": (result["throughput_ms_per_example"]
@@ -298,16 +349,16 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
                                      if result["throughput_ms_per_example"]
                                      and reference["throughput_ms_per_example"] else None),
                 "int8_io": bool(int8_io and mode in ("int8", "qat")),
-                "passed": drop <= max_accuracy_drop + 1e-9, **extras[mode],
+                "passed": change <= max_change + 1e-9, **extras[mode],
             }
             report_path = report.write_quantized_report(model_dir, entry)
             reports.append(entry)
             if not entry["passed"]:
                 failures.append(
-                    f"{report.model_name(mode, source)}: accuracy {entry['accuracy']:.4f} vs float "
-                    f"{entry['float_accuracy']:.4f} (drop {drop:.4f} > --max_accuracy_drop="
-                    f"{max_accuracy_drop}); report kept at {report_path}")
+                    f"{report.model_name(mode, source)}: {measure} {result[measure]:.4f} vs float "
+                    f"{reference[measure]:.4f} ({task.change_name} {change:.4f} > "
+                    f"{task.gate_flag}={max_change}); report kept at {report_path}")
         logging.info("quantized models and reports in %s", out)
         if failures:
-            raise TftrainError("quantization lost too much accuracy: " + "; ".join(failures))
+            raise TftrainError(f"quantization lost too much {measure}: " + "; ".join(failures))
         return reports

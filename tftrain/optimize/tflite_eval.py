@@ -1,4 +1,4 @@
-"""Runs .tflite models with the LiteRT interpreter: predictions, accuracy and latency.
+"""Runs .tflite models with the LiteRT interpreter: predictions, the task's metrics, latency.
 
 `ai_edge_litert.interpreter.Interpreter` is used; `tf.lite.Interpreter` (deprecated) only when
 LiteRT is not installed. Integer inputs are quantized and integer outputs dequantized with the
@@ -9,7 +9,8 @@ tensors' own scale and zero point. Two times are measured, each with its batch s
 - `throughput_ms_per_example`: calls at batch `throughput_batch_size` (default 256), divided by
   their examples: the compute, with the fixed cost of a call spread over the batch.
 
-Accuracy is computed one example at a time, on every example.
+The task's metrics (`Task.evaluate`: accuracy for classifiers, RMSE, MAE and R² for regression)
+are computed from one example at a time, on every example.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from absl import logging
 from tftrain import quiet_start
 from tftrain.errors import TftrainError
 from tftrain.fileio import read_bytes
-from tftrain.optimize import metrics, sizes
+from tftrain.optimize import sizes
+from tftrain.tasks.classification import ClassificationTask
 
 THROUGHPUT_BATCH_SIZE = 256
 
@@ -158,17 +160,18 @@ def predict_tflite(model: bytes | str | TfliteModel, dataset, *, max_examples: i
     return outputs, labels, seconds
 
 
-def evaluate_tflite(path: bytes | str, dataset, *, max_examples: int | None = None,
+def evaluate_tflite(path: bytes | str, dataset, *, task=None, max_examples: int | None = None,
                     num_threads: int = 1, latency_rounds: int = 3,
                     latency_examples: int = 256) -> dict:
-    """Accuracy and batch-1 latency of a .tflite classifier on `(inputs, label)` batches.
+    """The task's metrics and the batch-1 latency of a .tflite model on `(inputs, label)` batches.
 
-    Accuracy covers every example (or the first `max_examples`). `latency_ms` is the mean time
+    `task` (a `tftrain.tasks.Task`; default: classification) scores the outputs, over every
+    example (or the first `max_examples`). `latency_ms` is the mean time
     of one request per example (batch 1, `num_threads` threads) of the fastest of
     `latency_rounds` rounds (the full pass, then passes over the first `latency_examples`
     examples): on a shared machine the fastest round is the one least disturbed by other
-    processes. Returns `{"accuracy", "latency_ms", "latency_batch_size", "num_threads",
-    "num_examples", "tflite_bytes", "gzip_bytes"}`.
+    processes. Returns the task's metrics (`accuracy`, ... for a classifier) and `{"latency_ms",
+    "latency_batch_size", "num_threads", "num_examples", "tflite_bytes", "gzip_bytes"}`.
     """
     runner = TfliteModel(path, num_threads)
     outputs, labels, seconds, kept = _run_examples(runner, dataset, max_examples,
@@ -177,8 +180,8 @@ def evaluate_tflite(path: bytes | str, dataset, *, max_examples: int | None = No
     for _ in range(latency_rounds - 1):
         latency = min(latency, float(np.mean([runner.run(example)[1] for example in kept])))
     content = path if isinstance(path, (bytes, bytearray)) else read_bytes(path)
-    return {"accuracy": metrics.count_correct(outputs, labels) / len(labels),
-            "latency_ms": 1000.0 * latency, "latency_batch_size": 1, "num_threads": num_threads,
+    task = task or ClassificationTask({})
+    return {**task.evaluate(outputs, labels), "latency_ms": 1000.0 * latency, "latency_batch_size": 1, "num_threads": num_threads,
             "num_examples": int(len(labels)),
             "tflite_bytes": runner.size,
             "gzip_bytes": sizes.gzip_bytes(bytes(content))}
