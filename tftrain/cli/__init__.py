@@ -31,6 +31,7 @@ COMMANDS = {
     "data_service": "Run a tf.data service dispatcher and/or worker (data.service_address).",
     "check": "Dry-run a config for a target (tpu, gpu, cpu): every check that needs no hardware.",
     "report": "Compare runs: one table of their metrics, sizes and speed; a PNG of their curves.",
+    "doctor": "Say why a run is slow: input alone, model alone, both; the costliest stage; the fix.",
 }
 
 HELP_ARGS = ("-h", "--help", "-?", "--helpshort")

@@ -1,0 +1,81 @@
+"""What each stage of the input pipeline costs, from truncated copies of the training input.
+
+The reader's stages (`reader.STAGES`: read, parse, decode) are timed as host pipelines that stop
+after each one, then, when the replicas are accelerators, the whole distributed input (what the
+strategy adds: per-replica batches copied to the devices; replicas on this host's CPU have no
+copy to time). A stage's cost is the time per example it adds to the pipeline that stops before
+it. Stages are timed without `data.cache` (what a pass that runs them costs) and without a
+tf.data service (they run here). tftrain's reader has no augmentation stage; its row says so
+rather than being left out.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from tftrain.data import reader
+from tftrain.doctor import measure
+
+TRANSFER = "transfer"
+AUGMENT = "augment"
+DESCRIPTIONS = {
+    "read": "read records (interleaved files, shuffle, batch)",
+    "parse": "parse (tf.io.parse_example)",
+    "decode": "decode (the pipeline's decode)",
+    AUGMENT: "augment",
+    TRANSFER: "distribute (per-replica batches to the devices)",
+}
+NO_AUGMENTATION = "none: tftrain's reader has no augmentation stage"
+NO_TRANSFER = "none: the replicas are this host's CPU"
+
+
+@dataclasses.dataclass(frozen=True)
+class Stage:
+    """One stage: the rate of the pipeline that ends with it, and the time per example it adds."""
+
+    name: str
+    rate: float | None  # examples/s of the pipeline up to and including this stage
+    seconds_per_example: float | None  # what this stage adds (never negative: noise is clamped)
+    note: str = ""
+
+    @property
+    def description(self) -> str:
+        """What the stage does, for the table."""
+        return DESCRIPTIONS[self.name]
+
+
+def measure_stages(strategy, config, steps: int) -> list[Stage]:
+    """The stages of the configured training input, in pipeline order."""
+    uncached = {"cache": "none", "service_address": ""}
+    examples = measure.examples_per_step(config)
+    rates = {name: measure.input_rate(measure.host_input(config, last_stage=name, **uncached),
+                                      steps, examples)
+             for name in reader.STAGES}
+    stages, before = [], 0.0
+    for name in reader.STAGES:
+        stages.append(Stage(name, rates[name], max(0.0, 1 / rates[name] - before)))
+        before = max(before, 1 / rates[name])
+    stages.append(Stage(AUGMENT, None, None, NO_AUGMENTATION))
+    if not on_accelerators(strategy):
+        return stages + [Stage(TRANSFER, None, None, NO_TRANSFER)]
+    rate = measure.input_rate(measure.training_input(strategy, config, **uncached), steps, examples)
+    return stages + [Stage(TRANSFER, rate, max(0.0, 1 / rate - before))]
+
+
+def on_accelerators(strategy) -> bool:
+    """Whether any replica of `strategy` is a GPU or TPU (its batches are copied to it)."""
+    import tensorflow as tf
+
+    return any(tf.DeviceSpec.from_string(device).device_type not in (None, "CPU")
+               for device in strategy.extended.worker_devices)
+
+
+def costliest(stages: list[Stage]) -> Stage:
+    """The stage that adds the most time per example."""
+    return max((s for s in stages if s.seconds_per_example is not None),
+               key=lambda s: s.seconds_per_example)
+
+
+def share(stage: Stage, stages: list[Stage]) -> float:
+    """The stage's part of the whole input's time per example."""
+    total = sum(s.seconds_per_example for s in stages if s.seconds_per_example is not None)
+    return stage.seconds_per_example / total if total else 0.0
