@@ -21,6 +21,14 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
+def wait_gone(pids, timeout: float = 30) -> bool:
+    """True once none of `pids` is alive (waits up to `timeout` seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(pid_alive(p) for p in pids):
+        time.sleep(0.2)
+    return not any(pid_alive(p) for p in pids)
+
+
 class Running:
     """A tftrain subprocess whose output is collected line by line in the background."""
 
@@ -43,15 +51,21 @@ class Running:
 
     def wait_for_line(self, pattern: str, timeout: float) -> str:
         """The first output line matching `pattern`; fails the test after `timeout` seconds."""
+        return self.lines[self.wait_for_index(pattern, timeout)]
+
+    def wait_for_index(self, pattern: str, timeout: float, start: int = 0) -> int:
+        """The index of the first output line from `start` on that matches `pattern`; fails the
+        test after `timeout` seconds."""
         regex = re.compile(pattern)
         deadline = time.monotonic() + timeout
-        seen = 0
-        while time.monotonic() < deadline:
-            for line in self.lines[seen:]:
-                if regex.search(line):
-                    return line
-            seen = len(self.lines)
-            if self.process.poll() is not None and not self._reader.is_alive():
+        seen = start
+        while True:
+            ended = self.process.poll() is not None and not self._reader.is_alive()
+            for index in range(seen, len(self.lines)):
+                if regex.search(self.lines[index]):
+                    return index
+                seen = index + 1
+            if ended or time.monotonic() > deadline:
                 break
             time.sleep(0.1)
         raise AssertionError(f"no line matching {pattern!r} within {timeout}s; output:\n{self.tail()}")
