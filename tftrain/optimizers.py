@@ -2,7 +2,12 @@
 
 Schedules are functions of the optimizer's step count (`optimizer.iterations`), which the
 backup restores, so a resumed run continues on the same curve. `plateau` is not a schedule:
-the rate is a plain variable that the `ReduceLROnPlateau` callback lowers (see `plateau_callback`).
+the rate is a plain variable that the `ReduceLROnPlateau` callback lowers (see `plateau_callback`);
+that variable belongs to the optimizer, so the backup restores a lowered rate too.
+
+The divergence guard (`train.on_nan=rollback`) lowers the rate through `learning_rate_variable`:
+the optimizer's own rate variable for a plain rate, else the `scale` of a `Scaled` schedule
+(`make_schedule` wraps schedules in one for that mode), which the guard keeps in the backup.
 """
 from __future__ import annotations
 
@@ -45,13 +50,41 @@ class Constant(keras.optimizers.schedules.LearningRateSchedule):
         return {"rate": self.rate}
 
 
+class Scaled(keras.optimizers.schedules.LearningRateSchedule):
+    """`schedule` times a variable `scale` (1 at first) that the divergence guard lowers.
+
+    Create it inside the strategy's scope (as `compile` does), so `scale` is distributed like
+    the optimizer's variables.
+    """
+
+    def __init__(self, schedule, scale: float = 1.0):
+        super().__init__()
+        self.schedule = schedule
+        self.scale = tf.Variable(scale, dtype=tf.float32, trainable=False, name="lr_scale")
+
+    def __call__(self, step):
+        return self.schedule(step) * self.scale
+
+    def get_config(self):
+        return {"schedule": keras.optimizers.schedules.serialize(self.schedule),
+                "scale": float(self.scale.numpy())}
+
+
 def make_schedule(train: config_lib.TrainConfig, steps_per_epoch: int, total_steps: int):
     """The learning rate: a float (constant, plateau) or a schedule over optimizer steps.
 
     step: StepLR — multiply by `lr_decay_rate` every `lr_decay_epochs` epochs.
     cosine: from `learning_rate` down to `lr_min` over the steps after warmup.
     Each but plateau is preceded by `warmup_steps` of linear warmup when that is > 0.
+    With `on_nan=rollback` a schedule is `Scaled`, so that a rollback can lower it.
     """
+    schedule = _unscaled_schedule(train, steps_per_epoch, total_steps)
+    if train.on_nan == "rollback" and not isinstance(schedule, float):
+        return Scaled(schedule)
+    return schedule
+
+
+def _unscaled_schedule(train: config_lib.TrainConfig, steps_per_epoch: int, total_steps: int):
     lr = train.learning_rate
     if train.lr_schedule == "plateau" or (train.lr_schedule == "constant" and not train.warmup_steps):
         return lr
@@ -89,6 +122,24 @@ def current_learning_rate(optimizer) -> float:
     if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
         lr = lr(optimizer.iterations)
     return float(keras.backend.get_value(lr))
+
+
+def schedule_of(optimizer):
+    """The rate the optimizer was given: its rate variable, or the schedule itself (for a
+    schedule, `optimizer.learning_rate` of tf-keras is the rate of the last step)."""
+    optimizer = getattr(optimizer, "inner_optimizer", optimizer)  # LossScaleOptimizer
+    return getattr(optimizer, "_learning_rate", optimizer.learning_rate)
+
+
+def learning_rate_variable(optimizer) -> tf.Variable | None:
+    """The variable a rollback multiplies to lower the rate: the optimizer's rate variable for
+    a plain rate, the `scale` of a `Scaled` schedule; None for an unscaled schedule."""
+    lr = schedule_of(optimizer)
+    if isinstance(lr, Scaled):
+        return lr.scale
+    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+        return None
+    return lr
 
 
 def plateau_callback(train: config_lib.TrainConfig):

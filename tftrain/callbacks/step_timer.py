@@ -1,7 +1,9 @@
 """Steady-state speed: seconds per step and examples per second, without the first epoch.
 
-The first epoch of a run pays for tracing and warming the input pipeline; it is left out
-of the averages when there is more than one epoch. Validation time is not counted.
+The first epoch of each attempt (the first run, and each resume) pays for tracing and warming
+the input pipeline; it is left out of the averages when other epochs were timed. Validation
+time is not counted. The totals of earlier attempts come back with the backup (`get_state`,
+see `callback_state`), so a resumed run reports the speed of the whole run.
 """
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ class StepTimer(keras.callbacks.Callback):
         super().__init__()
         self._supports_tf_logs = True
         self.examples_per_step = examples_per_step
-        self.epochs: list[tuple[int, float]] = []  # (steps, seconds) of each epoch
+        self.epochs: list[tuple[int, float]] = []  # (steps, seconds) of each epoch of this attempt
+        self._earlier = {"cold_steps": 0.0, "cold_seconds": 0.0,  # earlier attempts' totals
+                         "warm_steps": 0.0, "warm_seconds": 0.0}
         self._started = None
         self._steps = 0
 
@@ -36,11 +40,31 @@ class StepTimer(keras.callbacks.Callback):
         if self._steps:
             self.epochs.append((self._steps, self._ended - self._started))
 
+    def get_state(self) -> dict:
+        """Steps and seconds of the first epochs of the attempts ("cold") and of the others."""
+        state = dict(self._earlier)
+        for index, (steps, seconds) in enumerate(self.epochs):
+            kind = "cold" if index == 0 else "warm"
+            state[f"{kind}_steps"] += steps
+            state[f"{kind}_seconds"] += seconds
+        return state
+
+    def set_state(self, state: dict) -> None:
+        """Takes the totals of the earlier attempts (from `get_state` of a backup)."""
+        self._earlier = {key: float(state[key]) for key in self._earlier}
+        self.epochs = []
+
+    @property
+    def timed(self) -> bool:
+        """Whether any epoch of the run (this attempt or an earlier one) was timed."""
+        return bool(self.epochs) or self._earlier["cold_steps"] > 0
+
     def seconds_per_step(self) -> float:
-        """The mean step time over the epochs after the first (all epochs if only one ran)."""
-        timed = self.epochs[1:] or self.epochs
-        steps = sum(s for s, _ in timed)
-        return sum(t for _, t in timed) / steps if steps else float("nan")
+        """The mean step time over the epochs after each attempt's first (all if none)."""
+        state = self.get_state()
+        kind = "warm" if state["warm_steps"] else "cold"
+        steps = state[f"{kind}_steps"]
+        return state[f"{kind}_seconds"] / steps if steps else float("nan")
 
     def examples_per_second(self) -> float:
         """Training throughput in examples (over all replicas) per second."""

@@ -1,0 +1,150 @@
+"""All training state resumes: a run preempted by a real SIGTERM (delivered to this process while
+`fit` runs) and run again continues early stopping, reduce-on-plateau, the best checkpoint's
+value, the learning-rate schedule and the step timer exactly where the backup left them, so it
+ends as the uninterrupted run does.
+
+The monitored metric is made flat on purpose (a learning rate of 1e-9 leaves val_accuracy
+unchanged), so that the uninterrupted run's stopping epoch and learning rates are known
+exactly and do not depend on the data order a resumed epoch reads.
+"""
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from tftrain import config as config_lib
+from tftrain import train
+from tftrain.callbacks.callback_state import CallbackState
+from tftrain.callbacks.preemption import Preempted
+from tftrain.callbacks.step_timer import StepTimer
+
+SMALL = ("model.name=mlp,model.params={hidden_units: [16]},data.batch_size=16,"
+         "train.steps_per_epoch=4,train.monitor=val_accuracy")
+# Flat metric: best at epoch 1; plateau halves the rate at epochs 3 and 5; early stop at 6.
+FLAT = ("train.epochs=12,train.learning_rate=1.0e-9,train.early_stopping_patience=5,"
+        "train.lr_schedule=plateau,train.plateau_patience=2,train.lr_decay_rate=0.5")
+
+
+def _config(digits_dir, overrides):
+    return config_lib.build_config("digits", overrides=f"data.dir={digits_dir},{SMALL},{overrides}")
+
+
+class SigtermWhen:
+    """Sends SIGTERM to this process once `path` exists (a backup of the running `fit`)."""
+
+    def __init__(self, path, timeout=120):
+        self.path, self.timeout, self.sent = path, timeout, False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self):
+        deadline = time.monotonic() + self.timeout
+        while not self._done.is_set() and time.monotonic() < deadline:
+            if os.path.exists(self.path):
+                self.sent = True
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+            time.sleep(0.01)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._done.set()
+        self._thread.join(5)
+        return False
+
+
+def curve(model_dir, key):
+    """One key of every epoch in the run's curves.json."""
+    with open(os.path.join(model_dir, "curves.json")) as f:
+        return [epoch[key] for epoch in json.load(f)["epochs"]]
+
+
+def test_early_stopping_plateau_and_best_checkpoint_resume(tmp_path, digits_dir):
+    # What the uninterrupted run does on the flat metric (see test_train_features for early
+    # stopping and plateau on flat metrics): best at epoch 1, the rate halved after epochs 3
+    # and 5 (the logged rate is the one the epoch trained with), early stop after epoch 6.
+    uninterrupted_epochs, uninterrupted_rates = 6, [1e-9, 1e-9, 1e-9, 5e-10, 5e-10, 2.5e-10]
+    model_dir = str(tmp_path / "run")
+    best = os.path.join(model_dir, "checkpoints", "best.index")
+    marker = os.path.join(model_dir, "backup", "chief", "ckpt-4.index")  # after epoch 4
+    with SigtermWhen(marker) as sigterm, pytest.raises(Preempted):
+        train.train(_config(digits_dir, FLAT), model_dir)
+    assert sigterm.sent
+    best_before = (os.stat(best).st_mtime_ns, open(best, "rb").read())
+    summary = train.train(_config(digits_dir, FLAT), model_dir)
+
+    assert summary["resumed_from"] is not None and summary["resumed_from"][0] >= 4
+    # Patience counted before the kill still counts: the same stopping epoch. Without the
+    # restored counters it would stop at epoch 10 (a fresh `best` at the first resumed epoch).
+    assert summary["epochs"] == uninterrupted_epochs
+    # Plateau: the same rates, epoch by epoch (its `wait` came back too: the second halving
+    # comes after epoch 5, not 2 epochs after the resume), and the lowered rate is kept.
+    assert curve(model_dir, "learning_rate") == pytest.approx(uninterrupted_rates)
+    # The best checkpoint (epoch 1) is not overwritten by the resumed, not better, epochs.
+    assert (os.stat(best).st_mtime_ns, open(best, "rb").read()) == best_before
+    assert summary["seconds_per_step"] > 0
+
+
+def test_learning_rate_schedule_position_resumes(tmp_path, digits_dir):
+    # Staircase decay at each epoch end, preempted in the middle of epoch 2: the schedule is a
+    # function of optimizer.iterations, which the backup restores.
+    overrides = ("train.epochs=2,train.optimizer=sgd,train.learning_rate=0.01,"
+                 "train.lr_schedule=step,train.lr_decay_epochs=1,train.lr_decay_rate=0.5,"
+                 "train.backup_every_steps=2")
+    model_dir = str(tmp_path / "run")
+    marker = os.path.join(model_dir, "backup", "chief", "ckpt-3.index")  # epoch 2, step 2
+    with SigtermWhen(marker) as sigterm, pytest.raises(Preempted):
+        train.train(_config(digits_dir, overrides), model_dir)
+    assert sigterm.sent
+    summary = train.train(_config(digits_dir, overrides), model_dir)
+    assert summary["resumed_from"] is not None
+    assert summary["steps"] == 8  # no update lost or repeated
+    assert curve(model_dir, "learning_rate") == pytest.approx([0.01, 0.005])
+
+
+def test_a_run_killed_after_stopping_early_trains_no_more(tmp_path, digits_dir):
+    # Preempted during the final export, after early stopping (best at 1, stop after 2): the
+    # backup of the stopping epoch says training had stopped, so the rerun trains no epoch 3.
+    overrides = "train.epochs=12,train.learning_rate=1.0e-9,train.early_stopping_patience=1"
+    model_dir = str(tmp_path / "run")
+    with SigtermWhen(os.path.join(model_dir, "export")) as sigterm, pytest.raises(Preempted):
+        train.train(_config(digits_dir, overrides), model_dir)
+    assert sigterm.sent and not os.path.exists(os.path.join(model_dir, "summary.json"))
+    summary = train.train(_config(digits_dir, overrides), model_dir)
+    assert summary["epochs"] == 2 and summary["steps"] == 8
+    assert curve(model_dir, "epoch") == [1, 2]
+
+
+def test_step_timer_adds_up_the_attempts():
+    first = StepTimer(examples_per_step=10)
+    first.epochs = [(4, 4.0), (4, 0.4), (4, 0.4)]  # a slow first (tracing) epoch, then 0.1 s/step
+    resumed = StepTimer(examples_per_step=10)
+    resumed.set_state(first.get_state())
+    resumed.epochs = [(4, 2.0), (4, 0.8)]  # its own slow first epoch, then 0.2 s/step
+    assert resumed.timed
+    # Warm epochs of both attempts: (0.4 + 0.4 + 0.8) / 12 steps.
+    assert resumed.seconds_per_step() == pytest.approx(1.6 / 12)
+    assert resumed.examples_per_second() == pytest.approx(10 / (1.6 / 12))
+
+
+def test_callback_state_round_trip_and_old_backups():
+    import tf_keras as keras
+
+    stopper = keras.callbacks.EarlyStopping(monitor="val_accuracy", mode="max", patience=3)
+    stopper.wait, stopper.best, stopper.stopped_epoch, stopper.best_epoch = 2, 0.75, 0, 1
+    timer = StepTimer(1)
+    state = CallbackState([keras.callbacks.TerminateOnNaN(), stopper, timer])
+    assert not state.load()  # nothing saved yet (a backup of an older tftrain): left alone
+    model = keras.Sequential()
+    model.stop_training = False
+    state.save(model)
+    stopper.wait, stopper.best = 0, -float("inf")
+    assert state.load()
+    assert (stopper.wait, stopper.best, type(stopper.wait)) == (2, 0.75, int)
+    assert not state.loaded_stopped
