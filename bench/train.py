@@ -76,17 +76,23 @@ def hand_written(data_dir, args) -> float:
     return timer.seconds_per_step()
 
 
-def tftrain_train(data_dir, args, jit_compile: str = "false") -> float:
-    """Seconds per step of `tftrain train` (its summary's steady-state step time), with the
-    steps XLA-compiled or not (`runtime.jit_compile`)."""
-    overrides = (f"data.dir={data_dir},data.pipeline=bench.synthetic,data.batch_size={args.batch_size},"
-                 f"runtime.jit_compile={jit_compile},"
-                 f"train.epochs={args.epochs},train.steps_per_epoch={args.steps_per_epoch},"
-                 f"train.learning_rate=0.001,model.name=cnn,"
-                 "model.params={filters: [32, 64], dense_units: 128, dropout: 0.25}")
-    config = config_lib.build_config("digits", overrides=overrides)
+def run_step_seconds(data_dir: str, overrides: str) -> float:
+    """Seconds per step of `tftrain train` on the synthetic dataset in `data_dir` (its summary's
+    steady-state step time), under the digits config with `overrides`."""
+    config = config_lib.build_config("digits", overrides=(
+        f"data.dir={data_dir},data.pipeline=bench.synthetic,{overrides}"))
     with tempfile.TemporaryDirectory() as run:
         return train.train(config, run)["seconds_per_step"]
+
+
+def tftrain_train(data_dir, args, jit_compile: str = "false") -> float:
+    """Seconds per step of `tftrain train`, with the steps XLA-compiled or not
+    (`runtime.jit_compile`)."""
+    return run_step_seconds(data_dir, (
+        f"data.batch_size={args.batch_size},runtime.jit_compile={jit_compile},"
+        f"train.epochs={args.epochs},train.steps_per_epoch={args.steps_per_epoch},"
+        "train.learning_rate=0.001,model.name=cnn,"
+        "model.params={filters: [32, 64], dense_units: 128, dropout: 0.25}"))
 
 
 def input_wait(data_dir, args) -> tuple[float, float]:

@@ -7,10 +7,13 @@ from absl import logging
 from pipelines import load_pipeline
 from tftrain.config import CACHE_MODES
 from tftrain.data import manifest as manifest_lib
+from tftrain.data import order
 from tftrain.errors import DataError
 
 _DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
 RECORDS_PER_READ = 64
+# What `load` does to each batch, in order; `last_stage` stops after one (`tftrain doctor`).
+STAGES = ("read", "parse", "decode")
 
 
 def parse_spec(features: dict) -> dict:
@@ -48,17 +51,24 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
          seed: int | None = None, pipeline: str | None = None,
          pipeline_options: dict | None = None, info: dict | None = None,
          service_address: str = "", service_mode: str = "parallel_epochs",
-         deterministic: bool | None = None) -> tf.data.Dataset:
+         deterministic: bool | None = None, last_stage: str = "decode",
+         start_batch: int = 0) -> tf.data.Dataset:
     """Returns a batched dataset of `(inputs, label)` read from `data_dir`'s `split`.
 
     `batch_size` is the size of the batches this pipeline yields. Under a strategy, use
     `load_distributed`, which turns the global batch into the per-replica batch (the one place
     that does) and passes `input_context`; the pipeline then reads only its share of the data:
     whole shard files when there are at least as many files as input pipelines, else every
-    n-th example (with a warning). When training, shard files are shuffled each epoch and read in parallel in a
-    non-deterministic order, then examples are shuffled; evaluation reads in file order.
-    `deterministic=True` makes training's order a function of `seed` alone (two iterators of the
-    same dataset then yield the same batches, which sharding by example after the fact needs).
+    n-th example (with a warning). Evaluation reads in file order. Training reads in passes:
+    pass p shuffles the shard files and then the examples with a seed mixed from (`seed`, p)
+    (`tftrain.data.order`), files read in parallel, so the order is a function of the seed alone
+    (not of TF's global seed, with `repeat`): every iterator, every worker and every restart
+    sees the same batches. With `repeat`, the passes
+    follow one another forever and `start_batch` (how many batches of this pipeline were
+    consumed before a resume) starts the stream right after them: the skipped records of the
+    current pass are read but not parsed, the earlier passes not read at all. Without `repeat`,
+    training yields one pass, reshuffled each time it is iterated. `deterministic=False` lets
+    the parallel reads and maps hand over elements out of order (the order is then not exact).
     Examples are batched first and then parsed and decoded a batch at a time.
 
     `cache`: "records" keeps the serialized examples in memory after the first pass (no file
@@ -73,7 +83,12 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
 
     tf.data service: with `service_address` (a dispatcher's host:port) the whole pipeline runs
     on the service's workers in `service_mode` (see `tftrain.data_service`).
+
+    `last_stage` (one of STAGES) truncates the pipeline: "read" yields batches of serialized
+    records, "parse" their parsed features, "decode" (the default) `(inputs, label)`.
     """
+    if last_stage not in STAGES:
+        raise DataError(f"last_stage={last_stage!r} is not one of {', '.join(STAGES)}")
     if pipeline and not manifest_lib.exists(data_dir):
         files = foreign_files(data_dir, split)
         manifest = {"pipeline": pipeline, "info": info or {}}
@@ -85,51 +100,78 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     if drop_remainder is None:
         drop_remainder = training
     if deterministic is None:
-        deterministic = not training
+        deterministic = True
 
-    dataset = tf.data.Dataset.from_tensor_slices(files)
-    if input_context and input_context.num_input_pipelines > 1:
-        if len(files) >= input_context.num_input_pipelines:
-            dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-            per_pipeline_files = True
-        else:
-            logging.warning(
-                "split %r has %d shard files for %d input pipelines: sharding by example (every "
-                "worker reads all files). Convert with --num_shards >= %d to shard by file.",
-                split, len(files), input_context.num_input_pipelines, input_context.num_input_pipelines)
-            per_pipeline_files = False
-    else:
-        per_pipeline_files = True
-    if training:
-        dataset = dataset.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    # Each file is read RECORDS_PER_READ records at a time and unbatched: the parallel interleave
-    # then hands over one element per 64 records, which costs less than one per record.
-    dataset = dataset.interleave(
-        lambda file: tf.data.TFRecordDataset(file).batch(RECORDS_PER_READ),
-        cycle_length=min(len(files), 16) or 1, num_parallel_calls=tf.data.AUTOTUNE,
-        deterministic=deterministic).unbatch()
-    if not per_pipeline_files:
-        dataset = dataset.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    num_pipelines = input_context.num_input_pipelines if input_context else 1
+    pipeline_id = input_context.input_pipeline_id if input_context else 0
+    by_file = len(files) >= num_pipelines  # else every pipeline reads all files, every n-th record
+    if not by_file:
+        logging.warning(
+            "split %r has %d shard files for %d input pipelines: sharding by example (every "
+            "worker reads all files). Convert with --num_shards >= %d to shard by file.",
+            split, len(files), num_pipelines, num_pipelines)
+    own_files = files[pipeline_id::num_pipelines] if by_file else files
     spec = parse_spec(manifest.get("features") or pipeline.features(info))
 
     @tf.autograph.experimental.do_not_convert  # plain TF ops; AutoGraph only warns about closures
     def parse_and_decode(serialized):
-        return pipeline.decode(tf.io.parse_example(serialized, spec), info)
+        if last_stage == "read":
+            return serialized
+        features = tf.io.parse_example(serialized, spec)
+        return features if last_stage == "parse" else pipeline.decode(features, info)
+
+    def read(file_seed=None, reshuffle=False) -> tf.data.Dataset:
+        """This pipeline's serialized records, its files in order or shuffled by `file_seed`."""
+        dataset = tf.data.Dataset.from_tensor_slices(own_files)
+        if file_seed is not None:
+            dataset = dataset.shuffle(len(own_files), seed=file_seed,
+                                      reshuffle_each_iteration=reshuffle)
+        # Each file is read RECORDS_PER_READ records at a time and unbatched: the parallel
+        # interleave then hands over one element per 64 records (cheaper than one per record).
+        dataset = dataset.interleave(
+            lambda file: tf.data.TFRecordDataset(file).batch(RECORDS_PER_READ),
+            cycle_length=min(len(own_files), 16) or 1, num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=deterministic).unbatch()
+        return dataset if by_file else dataset.shard(num_pipelines, pipeline_id)
 
     if cache not in CACHE_MODES:
         raise DataError(f"cache={cache!r} is not one of {', '.join(CACHE_MODES)}")
-    if cache == "records":
-        dataset = dataset.cache()
-    if cache == "decoded":  # decoded in batches as usual, then kept one example at a time
-        dataset = dataset.batch(RECORDS_PER_READ).map(
-            parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-        dataset = dataset.unbatch()
-        check_fixed_shapes(dataset, pipeline.name)
-        dataset = dataset.cache()
-    if training:
-        dataset = dataset.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
-    if repeat:
-        dataset = dataset.repeat()
+    if training and seed is None:  # a random order (repeatable under TF's global seed)
+        seed = int(tf.random.uniform([], 1, 2**31 - 1, tf.int64))
+    if cache == "none":
+        source = read
+    else:  # one file order, kept in memory; training reshuffles the records
+        kept = read(order.pass_seed(seed, 0) if training else None)
+        if cache == "decoded":  # decoded in batches as usual, then kept one example at a time
+            kept = kept.batch(RECORDS_PER_READ).map(
+                parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
+            kept = kept.unbatch()
+            check_fixed_shapes(kept, pipeline.name)
+        kept = kept.cache()
+
+        def source(file_seed=None, reshuffle=False) -> tf.data.Dataset:
+            return kept
+
+    def one_pass(index, reshuffle=False) -> tf.data.Dataset:
+        """Training pass `index`: files and records shuffled with the pass's own seed."""
+        pass_seed = order.pass_seed(seed, index)
+        return source(pass_seed, reshuffle).shuffle(shuffle_buffer, seed=pass_seed,
+                                                    reshuffle_each_iteration=reshuffle)
+
+    if start_batch and not (training and repeat):
+        raise DataError("start_batch needs a repeated training input (training=True, repeat=True)")
+    if training and repeat:
+        counts = [shard.get("num_examples") for shard in
+                  manifest.get("splits", {}).get(split, {}).get("shards", [{}] * len(files))]
+        dataset = order.stream(one_pass, start_batch * batch_size,
+                               lambda: order.records_per_pipeline(
+                                   counts, files, num_pipelines, pipeline_id, by_file))
+    elif training:  # one pass, reshuffled each time it is iterated
+        dataset = one_pass(0, reshuffle=True)
+    else:
+        dataset = source()
+        if repeat:
+            dataset = dataset.repeat()
     dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
     num_examples = manifest.get("splits", {}).get(split, {}).get("num_examples")
     if num_examples is not None and not repeat and not (input_context and input_context.num_input_pipelines > 1):
@@ -147,6 +189,7 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     # Parallelism comes from the parallel interleave and map (and the decode loop); intra-op
     # thread pools only add hand-offs to the many small ops of an input pipeline.
     options.threading.max_intra_op_parallelism = 1
+    options.deterministic = deterministic
     if input_context is not None:  # sharded above: the strategy must not shard again
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
     return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
@@ -162,7 +205,7 @@ def check_fixed_shapes(dataset: tf.data.Dataset, pipeline_name: str) -> None:
 
 
 def load_distributed(strategy: tf.distribute.Strategy, data_dir: str, split: str,
-                     global_batch_size: int, training: bool, **kwargs):
+                     global_batch_size: int, training: bool, start_step: int = 0, **kwargs):
     """`load` for `strategy`: the one place where the global batch size is split over replicas.
 
     `global_batch_size` counts examples over all replicas and workers and must divide evenly.
@@ -171,6 +214,8 @@ def load_distributed(strategy: tf.distribute.Strategy, data_dir: str, split: str
     `steps_per_epoch`. Evaluation: one dataset of global batches that Keras splits over the
     replicas itself (sharding it automatically across workers), so no step count is needed and
     the last partial batch is kept. Static shapes (TPU) need `drop_remainder=True`.
+    `start_step` (training, with `repeat=True`): the steps a resumed run already made; every
+    pipeline starts after the per-replica batches its replicas consumed in them.
     `kwargs` go to `load`.
     """
     replicas = strategy.num_replicas_in_sync
@@ -182,8 +227,11 @@ def load_distributed(strategy: tf.distribute.Strategy, data_dir: str, split: str
         return _shard_by_example_across_workers(dataset)
 
     def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
+        # Each step takes one batch per replica, consecutive batches of its worker's pipeline.
+        replicas_per_pipeline = replicas // input_context.num_input_pipelines
         return load(data_dir, split, input_context.get_per_replica_batch_size(global_batch_size),
-                    training, input_context=input_context, **kwargs)
+                    training, input_context=input_context,
+                    start_batch=start_step * replicas_per_pipeline, **kwargs)
 
     return strategy.distribute_datasets_from_function(dataset_fn)
 

@@ -1,0 +1,325 @@
+"""Exact resume: an interrupted and resumed run trains on exactly the batches, step for step, of
+the run that was not interrupted; with `train.deterministic` it also ends with its weights.
+
+The data are a NumPy array converted by the real `numpy` pipeline into 3 shards, whose first
+feature is the example's id. The model (`recording_model`, loaded by the run as
+`model.name=tests.test_exact_resume:recording_model`) prints the ids of every training batch it
+sees with `tf.print` into one file per replica (`replica-<r>.txt`, one line per micro-batch, in
+the order the replica ran them), then trains a small dropout MLP on the other features.
+Interruptions are real: SIGKILL of a `tftrain train` (or of one `tftrain launch` worker) at a
+random step after a backup, and in-process runs that crash with an exception at a step.
+"""
+import json
+import os
+import random
+import re
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+from tests.launch_testutil import Running
+
+NUM_TRAIN, NUM_EVAL, FEATURES, CLASSES = 300, 40, 5, 3
+BATCH, SEED = 16, 42  # data.batch_size (global) and the default train.seed
+STEPS_PER_EPOCH = NUM_TRAIN // BATCH  # 18: two epochs cross a pass boundary inside a batch
+BOUND = 240  # seconds any one run here may take before the test calls it a hang
+
+
+def recording_model(input_shape, num_classes, ids_dir="", dropout=0.3):
+    """Prints the ids (feature 0) of each training batch to `ids_dir`/replica-<r>.txt, then
+    a dense layer, dropout and the logits on the other features."""
+    import tensorflow as tf
+    import tf_keras as keras
+
+    class RecordIds(keras.layers.Layer):
+        def call(self, inputs, training=None):
+            if training:
+                context = tf.distribute.get_replica_context()
+                replica = tf.get_static_value(context.replica_id_in_sync_group) if context else 0
+                path = os.path.join(ids_dir, f"replica-{int(replica)}.txt")
+                tf.print(tf.cast(inputs[:, 0], tf.int64), output_stream="file://" + path,
+                         summarize=-1)
+            return inputs[:, 1:]
+
+    inputs = keras.Input(input_shape, name="inputs")
+    x = keras.layers.Dense(16, activation="relu")(RecordIds()(inputs))
+    x = keras.layers.Dropout(dropout)(x)
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(x), name="recording")
+
+
+@pytest.fixture(scope="module")
+def id_data(tmp_path_factory):
+    """A 3-shard classification dataset whose feature 0 is a unique example id."""
+    from pipelines import load_pipeline
+    from tftrain.data.writer import write_dataset
+
+    root = tmp_path_factory.mktemp("ids")
+    rng = np.random.default_rng(0)
+    arrays, start = {}, 0
+    for split, count in (("train", NUM_TRAIN), ("validation", NUM_EVAL), ("test", NUM_EVAL)):
+        x = rng.normal(size=(count, FEATURES)).astype(np.float32)
+        x[:, 0] = np.arange(start, start + count)
+        arrays[f"x_{split}"], arrays[f"y_{split}"] = x, rng.integers(0, CLASSES, count)
+        start += count
+    np.savez(root / "ids.npz", **arrays)
+    write_dataset(load_pipeline("numpy"), str(root / "ids.npz"), str(root / "data"), num_shards=3,
+                  workers=1, progress=False)
+    return str(root / "data")
+
+
+def overrides(data_dir, ids_dir, **extra) -> str:
+    values = {"data.dir": data_dir, "data.batch_size": BATCH, "data.shuffle_buffer": 64,
+              "train.epochs": 2, "train.backup_every_steps": 5,
+              "model.name": "tests.test_exact_resume:recording_model",
+              "model.params": f"{{ids_dir: '{ids_dir}'}}", **extra}
+    return ",".join(f"{key}={value}" for key, value in values.items())
+
+
+def read_ids(ids_dir) -> dict[int, list[tuple[int, ...]]]:
+    """replica -> the id tuples of its micro-batches, in the order it trained on them."""
+    found = {}
+    for name in sorted(os.listdir(ids_dir)):
+        replica = int(re.match(r"replica-(\d+)\.txt$", name).group(1))
+        with open(os.path.join(ids_dir, name)) as f:
+            text = f.read()
+        assert not text or text.endswith("\n"), f"{name} ends in a partial line"
+        found[replica] = [tuple(int(i) for i in re.findall(r"-?\d+", line))
+                          for line in text.splitlines()]
+    return found
+
+
+def steps_before(summary: dict, steps_per_epoch: int) -> int:
+    """The steps the interrupted attempt had backed up: where the resumed one started."""
+    epoch, step = summary["resumed_from"]
+    return epoch * steps_per_epoch + step
+
+
+def check_same_batches(reference, interrupted, resumed, kept_steps, per_step=1):
+    """interrupted[:kept] + resumed == reference, replica by replica, step for step."""
+    assert reference.keys() == resumed.keys() and reference
+    for replica, expected in reference.items():
+        joined = interrupted[replica][:kept_steps * per_step] + resumed[replica]
+        assert len(joined) == len(expected), (replica, len(joined), len(expected))
+        for step, (got, want) in enumerate(zip(joined, expected)):
+            assert got == want, f"replica {replica}, micro-batch {step}: {got} != {want}"
+
+
+# ---- real processes: SIGKILL at a random step, the same command again -----------------------
+
+def _train(model_dir, overrides_text, env=None) -> Running:
+    return Running(["train", f"--model_dir={model_dir}", f"--params_override={overrides_text}"],
+                   cwd=REPO, env=env)
+
+
+def _kill_after_backup(run: Running, model_dir, ids_file, min_lines: int, victim=None) -> None:
+    """SIGKILLs `run` (or the process `victim()` names) once it has backed up and trained at
+    least `min_lines` batches."""
+    marker = os.path.join(model_dir, "backup", "chief", "checkpoint")
+    deadline = time.monotonic() + BOUND
+    while time.monotonic() < deadline:
+        lines = 0
+        if os.path.exists(ids_file):
+            with open(ids_file) as f:
+                lines = f.read().count("\n")
+        if lines >= min_lines and os.path.exists(marker):
+            if victim:
+                os.kill(victim(), signal.SIGKILL)
+            else:
+                run.kill_all()
+            return
+        assert run.process.poll() is None, "training ended before the kill:\n" + run.tail()
+        time.sleep(0.05)
+    raise AssertionError("no backup and progress within the bound:\n" + run.tail())
+
+
+def _weights(dump_dir, name="worker-0.npz") -> list:
+    with np.load(os.path.join(dump_dir, name)) as npz:
+        return [npz[key] for key in npz.files]
+
+
+def _train_in_process(model_dir, overrides_text, monkeypatch, dump_dir=None) -> dict:
+    """`tftrain train` in this process (cheaper than a new one: TensorFlow is loaded)."""
+    from tftrain import config as config_lib
+    from tftrain import train
+
+    if dump_dir:
+        monkeypatch.setenv("TFTRAIN_DUMP_WEIGHTS_DIR", str(dump_dir))
+    try:
+        return train.train(config_lib.build_config("digits", overrides=overrides_text),
+                           str(model_dir))
+    finally:
+        monkeypatch.delenv("TFTRAIN_DUMP_WEIGHTS_DIR", raising=False)
+
+
+@pytest.fixture
+def restore_determinism():
+    """train.deterministic switches process-wide settings on: off again after the test."""
+    yield
+    import tf_keras as keras
+    from tensorflow.python.framework import config as tf_config  # no public switch back
+
+    tf_config.disable_op_determinism()
+    keras.backend.experimental.disable_tf_random_generator()
+
+
+@pytest.mark.parametrize("devices", [1, 2], ids=["one_device", "mirrored_2_cpus"])
+def test_sigkill_at_a_random_step_then_the_same_command(tmp_path, id_data, devices, monkeypatch,
+                                                        restore_determinism):
+    """train.deterministic=true with dropout: a `tftrain train` process SIGKILLed at a random
+    step after a backup, resumed by the same config (in this process): the same batches step
+    for step as the uninterrupted run (also in this process), and its weights (one device:
+    within 1e-6; Mirrored: measured and printed, and the same bound checked)."""
+    extra = {"train.deterministic": "true"}
+    if devices == 2:
+        extra.update({"runtime.strategy": "mirrored", "runtime.cpu_devices": 2})
+    dumps = {name: tmp_path / f"weights-{name}" for name in ("reference", "resumed")}
+    ids = {name: tmp_path / f"ids-{name}" for name in ("reference", "resumed")}
+    for path in ids.values():
+        path.mkdir()
+    resumed_overrides = overrides(id_data, ids["resumed"], **extra)
+
+    first = _train(tmp_path / "run", resumed_overrides)
+    kill_at = random.Random().randint(7, 2 * STEPS_PER_EPOCH - 6)  # some step after a backup
+    failures = []
+
+    def kill():
+        try:
+            _kill_after_backup(first, str(tmp_path / "run"),
+                               str(ids["resumed"] / "replica-0.txt"), kill_at)
+        except BaseException as e:  # reported by the test thread
+            failures.append(e)
+
+    killer = threading.Thread(target=kill)
+    killer.start()
+    try:  # the uninterrupted run, meanwhile
+        _train_in_process(tmp_path / "reference", overrides(id_data, ids["reference"], **extra),
+                          monkeypatch, dumps["reference"])
+        killer.join(BOUND)
+    finally:
+        first.kill_all()
+    assert not failures, failures
+    interrupted = read_ids(ids["resumed"])
+    summary = _train_in_process(tmp_path / "run", resumed_overrides, monkeypatch, dumps["resumed"])
+
+    kept = steps_before(summary, STEPS_PER_EPOCH)
+    assert 0 < kept < 2 * STEPS_PER_EPOCH and summary["steps"] == 2 * STEPS_PER_EPOCH
+    everything = read_ids(ids["resumed"])
+    resumed = {r: lines[len(interrupted[r]):] for r, lines in everything.items()}
+    check_same_batches(read_ids(ids["reference"]), interrupted, resumed, kept)
+    difference = max(float(np.max(np.abs(a - b))) for a, b in
+                     zip(_weights(dumps["reference"]), _weights(dumps["resumed"])))
+    print(f"\n{devices} device(s): killed after {len(interrupted[0])} steps, resumed at step "
+          f"{kept}; max |weight difference| vs. the uninterrupted run: {difference:.3g}")
+    assert difference <= 1e-6
+
+
+# ---- the stream an uninterrupted input pipeline yields, step for step ----------------------
+
+def stream_ids(data_dir, steps: int, per_replica_batch: int, accum: int = 1, workers: int = 1,
+               worker: int = 0, **load_kwargs) -> list[tuple[int, ...]]:
+    """The ids of the micro-batches one replica of worker `worker` trains on in `steps` steps
+    when nothing interrupts it: its input pipeline read from the start, in order."""
+    import tensorflow as tf
+
+    from tftrain.data import reader
+
+    context = (tf.distribute.InputContext(workers, worker, workers) if workers > 1 else None)
+    dataset = reader.load(data_dir, "train", per_replica_batch * accum, training=True,
+                          repeat=True, seed=SEED, shuffle_buffer=64, input_context=context,
+                          **load_kwargs)
+    batches = []
+    for x, _ in dataset.take(steps).as_numpy_iterator():
+        ids = x[:, 0].astype(np.int64)
+        batches += [tuple(ids[i:i + per_replica_batch]) for i in range(0, len(ids), per_replica_batch)]
+    return batches
+
+
+# ---- 2 MultiWorkerMirrored workers on loopback: one SIGKILLed, the same launch again -----
+
+def test_two_workers_one_killed_then_the_same_launch(tmp_path, id_data):
+    """Each worker reads its own shard files (FILE sharding: 2 of the 3 files for worker 0,
+    1 for worker 1); after the relaunch, each continues its own stream where the backup was."""
+    ids_dir = tmp_path / "ids"
+    ids_dir.mkdir()
+    args = ["launch", "--num_workers=2", f"--timeout={BOUND}", "--grace=5", "--", "train",
+            f"--model_dir={tmp_path / 'run'}", f"--params_override={overrides(id_data, ids_dir)}"]
+    first = Running(args, cwd=REPO)
+    try:
+        _kill_after_backup(first, str(tmp_path / "run"), str(ids_dir / "replica-1.txt"),
+                           random.Random().randint(7, 2 * STEPS_PER_EPOCH - 6),
+                           victim=lambda: first.worker_pids()[1])
+        assert first.wait(120) != 0
+    finally:
+        first.kill_all()
+    interrupted = read_ids(ids_dir)
+    second = Running(args, cwd=REPO)
+    try:
+        assert second.wait(BOUND) == 0, second.tail()
+    finally:
+        second.kill_all()
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert summary["num_workers"] == 2 and summary["steps"] == 2 * STEPS_PER_EPOCH
+    kept = steps_before(summary, STEPS_PER_EPOCH)
+    everything = read_ids(ids_dir)
+    resumed = {r: lines[len(interrupted[r]):] for r, lines in everything.items()}
+    reference = {w: stream_ids(id_data, 2 * STEPS_PER_EPOCH, BATCH // 2, workers=2, worker=w)
+                 for w in range(2)}
+    check_same_batches(reference, interrupted, resumed, kept)
+    assert not set(sum(reference[0], ())) & set(sum(reference[1][:6], ()))  # disjoint files
+
+
+# ---- in process: a crash at a step (an exception out of `fit`), then the same config --------
+
+class Crash(Exception):
+    """The simulated failure."""
+
+
+def _crash_at(step: int):
+    import tf_keras as keras
+
+    class CrashAt(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.epoch * self.params["steps"] + batch + 1 >= step:
+                raise Crash(f"crashed after step {step}")
+
+    return CrashAt()
+
+
+@pytest.mark.parametrize("variant,accum,crash_step", [
+    # 9 steps per epoch, backed up after step 5; decoded examples from the cache
+    ({"train.grad_accum_steps": 2, "data.cache": "decoded"}, 2, 8),
+    # backed up after step 12 (backups at the ends of executions); records from the cache
+    ({"train.steps_per_execution": 3, "data.cache": "records"}, 1, 15),
+], ids=["grad_accum_2_cache_decoded", "steps_per_execution_3_cache_records"])
+def test_crash_then_resume_in_process(tmp_path, id_data, monkeypatch, variant, accum,
+                                      crash_step):
+    from tftrain import config as config_lib
+    from tftrain import train
+
+    ids_dir = tmp_path / "ids"
+    ids_dir.mkdir()
+    config = config_lib.build_config("digits", overrides=overrides(id_data, ids_dir, **variant))
+    steps_per_epoch = NUM_TRAIN // (BATCH * accum)
+    total = 2 * steps_per_epoch
+    make_callbacks = train.make_callbacks
+    monkeypatch.setattr(train, "make_callbacks",
+                        lambda *a, **k: make_callbacks(*a, **k) + [_crash_at(crash_step)])
+    with pytest.raises(Crash):
+        train.train(config, str(tmp_path / "run"))
+    monkeypatch.setattr(train, "make_callbacks", make_callbacks)
+    interrupted = read_ids(ids_dir)
+    summary = train.train(config, str(tmp_path / "run"))
+    kept = steps_before(summary, steps_per_epoch)
+    assert 0 < kept < crash_step and summary["steps"] == total
+    everything = read_ids(ids_dir)
+    resumed = {r: lines[len(interrupted[r]):] for r, lines in everything.items()}
+    load_kwargs = {"cache": config.data.cache}
+    reference = {0: stream_ids(id_data, total, BATCH, accum=accum, **load_kwargs)}
+    check_same_batches(reference, interrupted, resumed, kept, per_step=accum)
