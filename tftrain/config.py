@@ -46,7 +46,14 @@ SERVICE_MODES = ("parallel_epochs", "distributed_epoch")
 CACHE_MODES = ("none", "records", "decoded")  # what tftrain.data.load keeps in memory
 DATA_FORMATS = ("tftrain", "tfrecord")  # a tftrain dataset, or TFRecords other tools wrote
 LR_SCHEDULES = ("constant", "step", "cosine", "plateau")
-MONITORS = ("val_accuracy", "val_loss", "accuracy", "loss")
+ON_NAN = ("stop", "rollback")  # train.on_nan: what a NaN/Inf loss does (callbacks/divergence.py)
+# train.monitor: auto is the task's own (val_accuracy for classifiers, val_rmse for regression)
+MONITORS = ("auto", "val_accuracy", "val_loss", "accuracy", "loss", "val_rmse", "val_mae",
+            "val_r2", "rmse", "mae", "r2")
+# task.type: auto follows the dataset's label (tftrain/tasks/registry.py); language_model: later
+TASK_TYPES = ("auto", "classification", "regression", "language_model")
+# task.loss: auto is the task's default (classification: crossentropy, regression: mse)
+TASK_LOSSES = {"classification": ("crossentropy",), "regression": ("mse", "mae", "huber")}
 
 
 @dataclasses.dataclass
@@ -70,6 +77,14 @@ class DataConfig:
     cache: str = "none"  # none | records | decoded: kept in memory after the first pass
     service_address: str = ""  # host:port of a tf.data service dispatcher: train input runs there
     service_mode: str = "parallel_epochs"  # parallel_epochs | distributed_epoch (tf.data service)
+
+
+@dataclasses.dataclass
+class TaskConfig:
+    """What the model learns from the labels: resolved from the dataset when `auto`."""
+
+    type: str = "auto"  # auto | classification | regression (language_model: not yet)
+    loss: str = "auto"  # auto | crossentropy (classification) | mse | mae | huber (regression)
 
 
 @dataclasses.dataclass
@@ -99,11 +114,19 @@ class TrainConfig:
     plateau_patience: int = 2  # plateau: epochs without improvement of `monitor`
     grad_accum_steps: int = 1  # k > 1: one update per k micro-batches of data.batch_size
     steps_per_execution: int = 1
-    monitor: str = "val_accuracy"  # best checkpoint, early stopping, plateau
+    monitor: str = "auto"  # best checkpoint, early stopping, plateau; auto: the task's
     early_stopping_patience: int = 0  # 0: off; else epochs without improvement of `monitor`
     backup_every_steps: int = 0  # 0: back up at the end of each epoch only
+    # A NaN/Inf loss: stop (one line, exit 1) | rollback (restore the last backup, multiply the
+    # learning rate by rollback_lr_factor and go on, at most max_rollbacks times, then stop)
+    on_nan: str = "stop"
+    rollback_lr_factor: float = 0.5
+    max_rollbacks: int = 3
     profile_steps: str = ""  # "start,end": a profiler trace of those steps in logs/plugins/profile
     seed: int = 42
+    # Deterministic ops and random layers whose generator state is in the backup: a resumed run
+    # ends with the weights of an uninterrupted one (docs/training.md); slower steps.
+    deterministic: bool = False
 
 
 @dataclasses.dataclass
@@ -133,6 +156,7 @@ class Config:
     """The whole experiment."""
 
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    task: TaskConfig = dataclasses.field(default_factory=TaskConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     runtime: RuntimeConfig = dataclasses.field(default_factory=RuntimeConfig)
@@ -158,7 +182,7 @@ def _unknown_key(key: str) -> ConfigError:
     if close and difflib.SequenceMatcher(None, key, close[0]).ratio() >= 0.9:
         close = close[:1]  # one near-certain match ('train.epoch' -> 'train.epochs') says it all
     hint = f"; did you mean {' or '.join(close[:3])}?" if close else ""
-    return ConfigError(f"unknown config key {key!r}{hint} (valid sections: data, model, train, runtime)")
+    return ConfigError(f"unknown config key {key!r}{hint} (valid sections: data, task, model, train, runtime)")
 
 
 def _type_name(tp: Any) -> str:
@@ -367,6 +391,7 @@ def validate(config: Config) -> None:
                           f"data.source ({config.data.source!r}) is only for converting raw data: "
                           "drop one of them")
     choice("train.monitor", config.train.monitor, MONITORS)
+    check_task(config)
     for key in ("data.batch_size", "data.shuffle_buffer", "train.epochs", "train.steps_per_epoch",
                 "train.steps", "train.learning_rate", "train.steps_per_execution",
                 "train.grad_accum_steps", "train.lr_decay_epochs", "train.lr_decay_rate"):
@@ -383,7 +408,21 @@ def validate(config: Config) -> None:
     if config.train.lr_min >= config.train.learning_rate and config.train.lr_schedule in ("cosine", "plateau"):
         raise ConfigError(f"train.lr_min ({config.train.lr_min}) must be below train.learning_rate "
                           f"({config.train.learning_rate}) for lr_schedule={config.train.lr_schedule}")
+    choice("train.on_nan", config.train.on_nan, ON_NAN)
+    if not 0 < config.train.rollback_lr_factor < 1:
+        raise ConfigError("train.rollback_lr_factor must be between 0 and 1 (the learning rate is "
+                          f"multiplied by it at each rollback), got {config.train.rollback_lr_factor}")
+    if config.train.max_rollbacks < 0:
+        raise ConfigError(f"train.max_rollbacks must be >= 0, got {config.train.max_rollbacks}")
+    if config.train.on_nan == "rollback" and config.runtime.strategy == "dtensor":
+        raise ConfigError("train.on_nan=rollback is not supported with runtime.strategy=dtensor "
+                          "(restoring a DTensor backup inside fit is untested): use train.on_nan=stop")
     profile_steps(config.train.profile_steps)
+    if config.train.deterministic and config.data.service_address:
+        raise ConfigError("train.deterministic=true needs the input read in this process: the "
+                          "tf.data service (data.service_address="
+                          f"{config.data.service_address!r}) hands out batches in no fixed "
+                          "order; drop one of them")
     if config.runtime.cpu_devices < 0:
         raise ConfigError(f"runtime.cpu_devices must be >= 0, got {config.runtime.cpu_devices}")
     choice("data.service_mode", config.data.service_mode, SERVICE_MODES)
@@ -402,6 +441,30 @@ def validate(config: Config) -> None:
     from tftrain import models  # no TensorFlow at import
 
     models.check_model(config.model.name, config.model.params)
+
+
+def check_task(config: Config) -> None:
+    """`task.type`, `task.loss` and `train.monitor` fit together (as far as known before the
+    dataset is read: `task.type=auto` is resolved by `tftrain.tasks.resolve`)."""
+    task = config.task
+    if task.type not in TASK_TYPES:
+        close = difflib.get_close_matches(str(task.type), TASK_TYPES, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ConfigError(f"task.type={task.type!r} is not one of {', '.join(TASK_TYPES)}{hint}")
+    if task.type == "language_model":
+        raise ConfigError("task.type=language_model is not available yet: tftrain trains "
+                          "classification and regression tasks; use task.type=classification, "
+                          "regression or auto")
+    losses = TASK_LOSSES.get(task.type) or tuple(dict.fromkeys(sum(TASK_LOSSES.values(), ())))
+    if task.loss != "auto" and task.loss not in losses:
+        owner = next((t for t, names in TASK_LOSSES.items() if task.loss in names), None)
+        why = f" (a {owner} loss)" if owner else ""
+        raise ConfigError(f"task.loss={task.loss!r}{why} is not a loss of task.type={task.type}: "
+                          f"choose auto or one of {', '.join(losses)}")
+    from tftrain.tasks import registry  # no TensorFlow at import
+
+    if task.type != "auto":
+        registry.TASKS[task.type].check_monitor(config.train.monitor)
 
 
 def profile_steps(text: str) -> tuple[int, int] | None:
@@ -441,6 +504,9 @@ def to_yaml(config: Config) -> str:
 def from_yaml_file(path: str) -> Config:
     """Reads a resolved config (e.g. a run's params.yaml) strictly, and validates it."""
     result = Config()
-    _apply(result, read_yaml(path))
+    values = read_yaml(path)
+    if "task" not in values:  # a run of a tftrain without tasks: it trained a classifier
+        result.task.type = "classification"
+    _apply(result, values)
     validate(result)
     return result

@@ -25,7 +25,7 @@ from absl import logging
 from tensorflow.experimental import dtensor
 
 from tftrain import config as config_lib
-from tftrain import distribute, dtensor_layouts, models, optimizers, run_dir
+from tftrain import distribute, dtensor_layouts, launch, models, optimizers, run_dir, tasks
 from tftrain.callbacks import backup as backup_lib
 from tftrain.callbacks.step_timer import StepTimer
 from tftrain.data import foreign, reader
@@ -44,6 +44,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool, sigterm,
 
     # 1. The mesh comes first: virtual devices must be configured before any TensorFlow op.
     mesh, dims = create_mesh(config.runtime)
+    config, task = train.resolve_task(config)  # None while the dataset is still to be converted
     params_yaml = config_lib.to_yaml(config)
     run_dir.prepare(model_dir, overwrite, params_yaml)
     write_atomic(join(model_dir, run_dir.PARAMS), params_yaml)
@@ -53,30 +54,33 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool, sigterm,
 
     # 2. Data: the same reader, per-replica batches packed into DTensors split over `batch`.
     manifest = train.ensure_dataset(config.data, convert=convert_data)
+    if task is None:  # converted just now, or TFRecords of other tools: params.yaml says it
+        config, task = tasks.resolve(config, manifest)
+        write_atomic(join(model_dir, run_dir.PARAMS), config_lib.to_yaml(config))
     batch = config.data.batch_size
     num_train = manifest["splits"][config.data.train_split]["num_examples"]
     plan = train.plan_steps(config.train, num_train, batch)
-    train_data = make_dataset(mesh, config, config.data.train_split, training=True)
+    train_data = make_dataset(mesh, config, config.data.train_split, training=True,
+                              start_step=backup_lib.steps_done(join(model_dir, run_dir.BACKUP),
+                                                               plan.steps_per_epoch))
     eval_data = make_dataset(mesh, config, config.data.eval_split, training=False)
     eval_steps = max(1, manifest["splits"][config.data.eval_split]["num_examples"] // batch)
 
     # 3. Model: the ordinary model, then its sharded twin under a LayoutMap, same initial weights.
-    input_shape = reader.load(config.data.dir, config.data.eval_split, 1, training=False,
-                              **foreign.load_kwargs(config.data)).element_spec[0].shape[1:]
-    model = models.build_model(config.model.name, config.model.params, input_shape,
-                               train.num_classes(manifest, config.data))
+    model = models.build_model(config.model.name, config.model.params,
+                               train.input_shape(config.data), task.outputs())
     plan_layouts = resolve_layouts(model, config.model.name, config.runtime.layout_rules, dims)
     sharded = build_sharded(model, mesh, plan_layouts)
-    sharded.compile(optimizer=make_optimizer(config.train, plan, mesh),
-                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                    metrics=["accuracy"], steps_per_execution=config.train.steps_per_execution)
+    sharded.compile(optimizer=make_optimizer(config.train, plan, mesh), loss=task.loss(),
+                    metrics=task.metrics(), steps_per_execution=config.train.steps_per_execution)
 
     # 4. Fit, resuming from model_dir/backup/ when an earlier attempt was interrupted.
     backup = backup_lib.Backup(join(model_dir, run_dir.BACKUP), config.train.backup_every_steps)
     timer = StepTimer(batch)
     # Known on TF 2.21: the first train execution applies only one variable's update; see
     # docs/dtensor.md ("What failed"). Later steps match the single-device step exactly.
-    callbacks = train.make_callbacks(config.train, model_dir, plan, backup, timer, sigterm)
+    callbacks = train.make_callbacks(config.train, model_dir, plan, backup, timer, sigterm,
+                                     task=task)
     history = sharded.fit(train_data, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
                           validation_data=eval_data, validation_steps=eval_steps,
                           callbacks=callbacks, verbose=1 if sys.stdout.isatty() else 2)
@@ -85,8 +89,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool, sigterm,
     # 5. Gather the weights into the ordinary model; evaluate it on full splits; export it.
     copy_weights(sharded, model)
     logging.info("gathered the trained weights into the ordinary model")
-    model.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                  metrics=["accuracy"])
+    model.compile(loss=task.loss(), metrics=task.metrics())
     validation = {k[4:]: float(v[-1]) for k, v in history.history.items() if k.startswith("val_")}
     if not validation:  # resumed after the last epoch: nothing was validated in this attempt
         validation = train.evaluate(model, _plain_data(config, config.data.eval_split))
@@ -96,6 +99,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool, sigterm,
     summary = {
         "model_dir": model_dir,
         "data_dir": config.data.dir,
+        "task": task.resolved(),
         "epochs": epochs_done,
         "steps": int(sharded.optimizer.iterations.numpy()),
         "eval": {"split": config.data.test_split, **test_metrics},
@@ -106,6 +110,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool, sigterm,
         "mixed_precision": "float32",
         "grad_accum_steps": 1,
         "resumed_from": list(backup.resumed_at) if backup.resumed_at else None,
+        **launch.restart_summary(),  # restarts by `tftrain launch --max_restarts`
         "seconds_per_step": timer.seconds_per_step() if timer.epochs else None,
         "examples_per_second": timer.examples_per_second() if timer.epochs else None,
         "dtensor": {
@@ -152,13 +157,16 @@ def create_mesh(runtime: config_lib.RuntimeConfig):
     return mesh, dims
 
 
-def make_dataset(mesh, config: config_lib.Config, split: str, training: bool):
-    """A repeated `DTensorDataset` of `split`: global batches split over the mesh's `batch`."""
+def make_dataset(mesh, config: config_lib.Config, split: str, training: bool,
+                 start_step: int = 0):
+    """A repeated `DTensorDataset` of `split`: global batches split over the mesh's `batch`
+    (training: starting after the `start_step` steps a resumed run already made)."""
     replicas = mesh.dim_size(dtensor_layouts.BATCH)
     dataset = reader.load(config.data.dir, split, config.data.batch_size // replicas,
                           training=training, shuffle_buffer=config.data.shuffle_buffer,
                           cache=config.data.cache, drop_remainder=True, repeat=True,
                           seed=config.train.seed, deterministic=True,
+                          start_batch=start_step * replicas,  # each step takes one per replica
                           **foreign.load_kwargs(config.data))
     # DTensorDataset gives each local replica its own copy of the pipeline and shards it with
     # the dataset's auto-shard policy. FILE sharding fails when a split has fewer files than

@@ -21,10 +21,13 @@ from absl import logging
 from pipelines import load_pipeline
 from tftrain import config as config_lib
 from tftrain import distribute, grad_accum, models, optimizers, precision, run_dir
-from tftrain import cluster, hparams, ownership, tpu
+from tftrain import cluster, determinism, hparams, launch, ownership, tasks, tpu
 from tftrain.callbacks import backup as backup_lib
-from tftrain.callbacks import preemption
+from tftrain.callbacks import divergence, preemption
+from tftrain.callbacks.callback_state import CallbackState
+from tftrain.callbacks.divergence import DivergenceGuard
 from tftrain.callbacks.curves import Curves
+from tftrain.callbacks.heartbeat import Heartbeat
 from tftrain.callbacks.learning_rate import LearningRateLogger
 from tftrain.callbacks.step_timer import StepTimer
 from tftrain.callbacks.stop_at_step import StopAtStep
@@ -70,17 +73,25 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     chief = cluster.is_chief(strategy)  # multi-worker: only the chief writes the run's files
     config_lib.check_divisible(config.data.batch_size, num_replicas)
 
+    # The task (and train.monitor=auto) follows the dataset's labels unless task.type says.
+    config, task = resolve_task(config)  # None while the dataset is still to be converted
     params_yaml = config_lib.to_yaml(config)
     if chief or not overwrite:
         run_dir.prepare(model_dir, overwrite, params_yaml, chief=chief)  # the chief locks it
     if chief:
         write_atomic(join(model_dir, run_dir.PARAMS), params_yaml)
     keras.utils.set_random_seed(config.train.seed)
+    if config.train.deterministic:  # before any model is built (its random layers)
+        determinism.enable()
     policy = precision.set_policy(config.runtime.mixed_precision, strategy)
 
     # 2. Data: converted the first time it is needed, then read from its TFRecord shards.
     #    One update consumes grad_accum_steps micro-batches of data.batch_size examples.
     manifest = ensure_dataset(config.data, chief, convert_data)
+    if task is None:  # converted just now, or TFRecords of other tools: params.yaml says it
+        config, task = tasks.resolve(config, manifest)
+        if chief:
+            write_atomic(join(model_dir, run_dir.PARAMS), config_lib.to_yaml(config))
     source = foreign.load_kwargs(config.data)  # how to read data.dir: its manifest, or the config
     accum = config.train.grad_accum_steps
     plan = plan_steps(config.train, manifest["splits"][config.data.train_split]["num_examples"],
@@ -89,6 +100,8 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         strategy, config.data.dir, config.data.train_split, config.data.batch_size * accum,
         training=True, shuffle_buffer=config.data.shuffle_buffer, cache=config.data.cache,
         repeat=True, seed=config.train.seed,
+        # A resumed run reads on from the batches the backed-up steps consumed.
+        start_step=backup_lib.steps_done(join(model_dir, run_dir.BACKUP), plan.steps_per_epoch),
         service_address=config.data.service_address, service_mode=config.data.service_mode,
         **source)
     static_shapes = distribute.strategy_name(strategy) == "tpu"
@@ -101,11 +114,17 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     tpu.check_ready(config, strategy)  # TPU only: static shapes, batch split, bf16, ...
     with strategy.scope():
         model, trainer = build_and_compile(config, manifest, plan)
+        # train.deterministic: the random layers' generators, resumed with the backup
+        random_state = (determinism.random_generators(trainer) if config.train.deterministic
+                        else None)
 
     # 4. Fit, resuming from model_dir/backup/ when an earlier attempt was interrupted.
     backup = backup_lib.Backup(join(model_dir, run_dir.BACKUP), config.train.backup_every_steps)
+    if random_state is not None:
+        backup.trackables["random_state"] = random_state
     timer = StepTimer(config.data.batch_size * accum)
-    callbacks = make_callbacks(config.train, model_dir, plan, backup, timer, sigterm, chief=chief)
+    callbacks = make_callbacks(config.train, model_dir, plan, backup, timer, sigterm, chief=chief,
+                               task=task)
     history = trainer.fit(train_data, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
                           validation_data=eval_data, callbacks=callbacks,
                           verbose=1 if sys.stdout.isatty() else 2)
@@ -126,6 +145,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     summary = {
         "model_dir": model_dir,
         "data_dir": config.data.dir,
+        "task": task.resolved(),
         "epochs": epochs_done,
         "steps": int(trainer.optimizer.iterations.numpy()),
         "eval": {"split": config.data.test_split, **evaluate(trainer, test_data)},
@@ -136,8 +156,10 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         "mixed_precision": policy,
         "grad_accum_steps": accum,
         "resumed_from": list(backup.resumed_at) if backup.resumed_at else None,
-        "seconds_per_step": timer.seconds_per_step() if timer.epochs else None,
-        "examples_per_second": timer.examples_per_second() if timer.epochs else None,
+        **launch.restart_summary(),  # restarts by `tftrain launch --max_restarts`
+        "seconds_per_step": timer.seconds_per_step() if timer.timed else None,
+        "examples_per_second": timer.examples_per_second() if timer.timed else None,
+        "rollbacks": divergence.rollbacks_of(callbacks),  # by the guard, train.on_nan=rollback
         "jit_compile": bool(trainer.jit_compile),
     }
     if chief:
@@ -151,20 +173,19 @@ def build_and_compile(config: config_lib.Config, manifest: dict, plan: "StepPlan
     """The model and its compiled trainer (the model itself, or a gradient-accumulating wrapper).
 
     Call it inside the strategy's scope. The input shape comes from one example of the
-    evaluation split; `compile_kwargs` go to `compile` (`jit_compile` defaults to what
-    `runtime.jit_compile` says for the devices of this process).
+    evaluation split, the head, loss and metrics from the task (`tftrain.tasks`);
+    `compile_kwargs` go to `compile` (`jit_compile` defaults to what `runtime.jit_compile`
+    says for the devices of this process).
     """
     compile_kwargs.setdefault("jit_compile", use_xla(config.runtime.jit_compile))
-    input_shape = reader.load(config.data.dir, config.data.eval_split, 1, training=False,
-                              **foreign.load_kwargs(config.data)).element_spec[0].shape[1:]
-    model = models.build_model(config.model.name, config.model.params, input_shape,
-                               num_classes(manifest, config.data))
+    task = tasks.from_config(config, manifest)
+    model = models.build_model(config.model.name, config.model.params,
+                               input_shape(config.data), task.outputs())
     trainer = grad_accum.wrap(model, config.train.grad_accum_steps)
     trainer.compile(
         optimizer=optimizers.make_optimizer(config.train, plan.steps_per_epoch, plan.total_steps),
-        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        metrics=["accuracy"], steps_per_execution=config.train.steps_per_execution,
-        **compile_kwargs)
+        loss=task.loss(), metrics=task.metrics(),
+        steps_per_execution=config.train.steps_per_execution, **compile_kwargs)
     return model, trainer
 
 
@@ -184,19 +205,19 @@ def use_xla(jit_compile: str) -> bool:
     return jit_compile == "true"
 
 
-def num_classes(manifest: dict, data: config_lib.DataConfig) -> int:
-    """The number of classes the dataset's labels have; DataError when it names none."""
-    count = manifest.get("info", {}).get("num_classes")
-    if isinstance(count, int) and count > 0:
-        return count
-    if data.format == "tfrecord":
-        raise DataError("data.format=tfrecord: say how many classes the labels have with "
-                        "data.info={num_classes: K}.")
-    raise DataError(
-        f"dataset {data.dir} (pipeline {manifest.get('pipeline')!r}) has labels that are not "
-        "classes (its manifest names no num_classes: e.g. a float label column), and tftrain "
-        "trains classifiers only for now: convert the label as a class column (a CSV column "
-        "declared `:int` or `:categorical`), or wait for regression tasks.")
+def input_shape(data: config_lib.DataConfig):
+    """The shape of one example's inputs, from the first example of the evaluation split."""
+    return reader.load(data.dir, data.eval_split, 1, training=False,
+                       **foreign.load_kwargs(data)).element_spec[0].shape[1:]
+
+
+def resolve_task(config: config_lib.Config):
+    """`(config, task)` with `task.type`, `task.loss` and `train.monitor` resolved from the
+    dataset's manifest (see `tftrain.tasks.resolve`); `(config, None)` when there is no tftrain
+    dataset in `data.dir` yet (or it holds other tools' TFRecords): resolve after converting."""
+    if config.data.format == "tfrecord" or not manifest_lib.exists(config.data.dir):
+        return config, None
+    return tasks.resolve(config, manifest_lib.read(config.data.dir))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,13 +294,16 @@ def check_convertible(data: config_lib.DataConfig, convert: bool) -> None:
 
 
 def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: StepPlan,
-                   backup, timer, sigterm, chief: bool = True) -> list:
+                   backup, timer, sigterm, chief: bool = True, task=None) -> list:
     """The callbacks of `fit`, in the order they must run at each epoch end.
 
     The learning rate is added to the logs before TensorBoard writes them; the best checkpoint
-    is written before the backup, so a backed-up epoch always has its checkpoint.
+    is written before the backup, so a backed-up epoch always has its checkpoint. `task` says
+    which way `train.monitor` improves (default: a classifier's metrics). The state of the
+    stateful ones (early stopping, plateau, best value, timer, divergence guard) is saved with
+    each backup and restored on resume (`callbacks.callback_state`).
     """
-    mode = "min" if train_config.monitor.endswith("loss") else "max"
+    mode = (task or tasks.TASKS["classification"]).mode(train_config.monitor)
     callbacks = [
         LearningRateLogger(),
         Curves(model_dir, chief=chief),  # curves.png, with the learning rate: after the logger
@@ -297,10 +321,20 @@ def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: S
             verbose=1))
     plateau = optimizers.plateau_callback(train_config)
     if plateau:
+        plateau.mode = mode  # its `auto` mode knows only "acc" names as higher-is-better (r2)
+        plateau._reset()  # applies the mode, as its constructor does
         callbacks.append(plateau)
     if plan.total_steps < plan.epochs * plan.steps_per_epoch:
         callbacks.append(StopAtStep(plan.total_steps))
-    return callbacks + [backup, preemption.PreemptionCallback(sigterm, backup)]
+    heartbeat = Heartbeat.from_env()  # only under `tftrain launch --hang_timeout`
+    if heartbeat:
+        callbacks.append(heartbeat)
+    # First: a NaN/Inf loss is acted on before any other callback sees the step.
+    guard = DivergenceGuard(train_config.on_nan, backup, train_config.rollback_lr_factor,
+                            train_config.max_rollbacks)
+    callbacks = [guard, *callbacks, backup, preemption.PreemptionCallback(sigterm, backup)]
+    backup.state = CallbackState(callbacks)  # their counters go into each backup
+    return callbacks
 
 
 def evaluate(model: keras.Model, dataset) -> dict:
