@@ -252,9 +252,12 @@ def test_two_workers_one_killed_then_the_same_launch(tmp_path, id_data):
         _kill_after_backup(first, str(tmp_path / "run"), str(ids_dir / "replica-1.txt"),
                            random.Random().randint(7, 2 * STEPS_PER_EPOCH - 6),
                            victim=lambda: first.worker_pids()[1])
-        assert first.wait(120) != 0
+        assert first.wait(120) != 0  # the launcher notices and stops the chief: never a hang
     finally:
         first.kill_all()
+    assert "[launch] worker 1 was killed by SIGKILL; stopping the other workers" in first.output
+    assert "Its last lines:" in first.output
+    assert not (tmp_path / "run/summary.json").exists()  # not a finished run
     interrupted = read_ids(ids_dir)
     second = Running(args, cwd=REPO)
     try:

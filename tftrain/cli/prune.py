@@ -19,7 +19,7 @@ flags.DEFINE_float("target_sparsity", 0.8, "Fraction of each pruned kernel set t
 flags.DEFINE_string("sparsity_m_by_n", "", "Structured sparsity instead of a fraction: M:N keeps "
                     "at most N-M non-zeros in every N consecutive input-channel weights, e.g. 2:4.")
 flags.DEFINE_integer("epochs", None, "Fine-tuning epochs (mask updates are spread over them); "
-                     "default: enough for the data, at least 2 epochs and 600 steps.",
+                     "default: enough for the data, at least 2 epochs and 1200 steps.",
                      lower_bound=1)
 flags.DEFINE_enum("pruning_schedule", "polynomial", ["polynomial", "constant"],
                   "Sparsity ramp: polynomial (0 -> target over 2/3 of the steps) or constant.")
