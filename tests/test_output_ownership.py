@@ -349,3 +349,14 @@ def test_a_second_train_into_the_same_model_dir_stops_at_once(tmp_path, digits_d
     finally:
         stop(first)
         log.close()
+
+
+def test_a_directory_killed_while_its_marker_was_written_is_tftrains(tmp_path):
+    from tftrain import ownership, run_dir
+
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / f"{ownership.MARKER}.tmp-12345").write_text("{")  # the rename never happened
+    assert run_dir.replaceable(str(export))
+    (export / "notes.txt").write_text("mine")  # anything else still makes it someone else's
+    assert not run_dir.replaceable(str(export))

@@ -88,12 +88,13 @@ def own_marker_temp(name: str) -> bool:
 def replaceable(path: str, legacy_files=()) -> bool:
     """True when tftrain may replace the directory `path`: it is absent or empty, holds
     tftrain's marker, or holds one of `legacy_files` (what an earlier tftrain, which wrote no
-    markers, wrote into it)."""
+    markers, wrote into it). A directory holding only the temporary file of its marker is one
+    that tftrain was killed creating (between `makedirs` and the marker's rename)."""
     if not tf.io.gfile.exists(path):
         return True
     if not tf.io.gfile.isdir(path):
         return False
-    names = listing(path)
+    names = {name for name in listing(path) if not own_marker_temp(name)}
     return not names or MARKER in names or bool(names & set(legacy_files))
 
 
