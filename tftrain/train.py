@@ -98,12 +98,9 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
                       config.data.batch_size * accum)
     train_data = reader.load_distributed(
         strategy, config.data.dir, config.data.train_split, config.data.batch_size * accum,
-        training=True, shuffle_buffer=config.data.shuffle_buffer, cache=config.data.cache,
-        repeat=True, seed=config.train.seed,
         # A resumed run reads on from the batches the backed-up steps consumed.
         start_step=backup_lib.steps_done(join(model_dir, run_dir.BACKUP), plan.steps_per_epoch),
-        service_address=config.data.service_address, service_mode=config.data.service_mode,
-        **source)
+        **training_input_kwargs(config))
     static_shapes = distribute.strategy_name(strategy) == "tpu"
     eval_data = reader.load_distributed(strategy, config.data.dir, config.data.eval_split,
                                         config.data.batch_size, training=False,
@@ -166,6 +163,14 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         write_hparams(model_dir, config, summary)
         run_dir.finish(model_dir, summary)
     return summary
+
+
+def training_input_kwargs(config: config_lib.Config) -> dict:
+    """`reader.load`'s keyword arguments for the training input (what `tftrain doctor` times too)."""
+    data = config.data
+    return dict(training=True, shuffle_buffer=data.shuffle_buffer, cache=data.cache, repeat=True,
+                seed=config.train.seed, service_address=data.service_address,
+                service_mode=data.service_mode, **foreign.load_kwargs(data))
 
 
 def build_and_compile(config: config_lib.Config, manifest: dict, plan: "StepPlan",

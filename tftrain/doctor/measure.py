@@ -15,6 +15,7 @@ import tensorflow as tf
 from absl import logging
 
 from tftrain.callbacks.step_timer import StepTimer
+from tftrain import train
 from tftrain.data import foreign, reader
 
 TIMED_EPOCHS = 6  # fit: one warm-up epoch, then this many timed epochs (steps / TIMED_EPOCHS each)
@@ -29,14 +30,8 @@ def examples_per_step(config) -> int:
 
 
 def training_kwargs(config, **changes) -> dict:
-    """`reader.load`'s keyword arguments for the training input of `tftrain train`, with
-    `changes` (e.g. `cache="decoded"`) applied."""
-    data = config.data
-    kwargs = dict(training=True, shuffle_buffer=data.shuffle_buffer, cache=data.cache,
-                  repeat=True, seed=config.train.seed, service_address=data.service_address,
-                  service_mode=data.service_mode, **foreign.load_kwargs(data))
-    kwargs.update(changes)
-    return kwargs
+    """`train.training_input_kwargs` with `changes` (e.g. `cache="decoded"`) applied."""
+    return {**train.training_input_kwargs(config), **changes}
 
 
 def training_input(strategy, config, **changes):
