@@ -2,7 +2,9 @@
 digits (the loss is NaN by the third step); `stop` ends the run in one line naming the step and
 the last finite loss and leaves only finite backups; `rollback` restores the last backup with a
 lower rate and trains on, also over 2 replicas, and a resumed run keeps the lowered rate."""
+import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -97,3 +99,39 @@ def test_rollback_of_a_schedule_over_two_replicas_survives_a_resume(tmp_path, di
 def test_guard_config_is_checked(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
         config_lib.build_config("digits", overrides=override)
+
+
+def test_rollback_under_two_workers_on_loopback(tmp_path, digits_dir):
+    """MultiWorkerMirrored: the all-reduced loss is NaN on both workers at the same step, both
+    restore the chief's backup with the same lowered rate, and they end with equal weights."""
+    from tests.launch_testutil import Running, wait_gone
+
+    model_dir, weights = tmp_path / "run", tmp_path / "weights"
+    run = Running(["launch", "--num_workers=2", "--grace=5", "--timeout=300", "--", "train",
+                   f"--model_dir={model_dir}", f"--params_override=data.dir={digits_dir},"
+                   f"{SMALL},{DIVERGING},{RECOVERING},train.epochs=2"],
+                  cwd=tmp_path, env={"TFTRAIN_DUMP_WEIGHTS_DIR": str(weights),
+                                     "TMPDIR": str(tmp_path)})
+    try:
+        code = run.wait(360)
+    finally:
+        run.kill_all()
+    assert code == 0, run.tail()
+    assert wait_gone(list(run.worker_pids().values()))
+    for worker in (0, 1):
+        rolled = [line for line in run.lines
+                  if line.startswith(f"[worker {worker}]") and "divergence guard: the" in line]
+        assert len(rolled) == 1, run.output
+        assert "rolled back to ckpt-1 (optimizer step 0)" in rolled[0], rolled[0]
+    # The same step on both workers (the loss they see is the all-reduced one).
+    where = [re.search(r"at (epoch \d+ step \d+)", line).group(1) for line in run.lines
+             if "divergence guard: the" in line]
+    assert where[0] == where[1], where
+    summary = json.loads((model_dir / "summary.json").read_text())
+    assert summary["rollbacks"] == 1 and summary["num_workers"] == 2
+    assert np.isfinite(summary["eval"]["loss"]) and summary["eval"]["loss"] < 2.3
+    assert curve(str(model_dir), "learning_rate") == pytest.approx([0.1, 0.1])
+    chief, other = (np.load(weights / f"worker-{i}.npz") for i in range(2))
+    assert len(chief.files) == len(other.files) > 0
+    for name in chief.files:
+        np.testing.assert_array_equal(chief[name], other[name])

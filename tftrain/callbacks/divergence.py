@@ -126,10 +126,12 @@ class DivergenceGuard(keras.callbacks.Callback):
         schedule = optimizers.schedule_of(optimizer)
         if isinstance(schedule, keras.optimizers.schedules.LearningRateSchedule):
             schedule = schedule(optimizer.iterations)
+        # A constant rate is the variable itself, a MirroredVariable under tf.distribute.
+        rate_now = float(keras.backend.get_value(schedule))
         logging.warning(
             "divergence guard: %s at %s (%s); rolled back to %s (optimizer step %d), learning "
             "rate x%g -> %.6g (rollback %d of %d)", cause, where, last, posixpath.basename(path),
-            int(optimizer.iterations.numpy()), self.lr_factor, float(schedule), self.rollbacks,
+            int(optimizer.iterations.numpy()), self.lr_factor, rate_now, self.rollbacks,
             self.max_rollbacks)
 
     def get_state(self) -> dict:
