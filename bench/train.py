@@ -36,7 +36,8 @@ import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
 from bench import synthetic  # noqa: E402
-from tftrain import config as config_lib, models, train  # noqa: E402
+from tftrain import config as config_lib, models  # noqa: E402
+from tftrain.engine import train  # noqa: E402
 from tftrain.callbacks.step_timer import StepTimer  # noqa: E402
 from tftrain.data import load  # noqa: E402
 

@@ -1,7 +1,8 @@
 """runtime.cluster: TF_CONFIG, SLURM and Kubernetes through TensorFlow's own cluster resolvers.
 
 The source is chosen and checked from environment variables before TensorFlow starts
-(tftrain.cluster); the resolver is built with the strategy (tftrain.distribute) and must agree.
+(tftrain.runtime.cluster); the resolver is built with the strategy
+(tftrain.runtime.distribute) and must agree.
 SLURM is tested end to end with two real `tftrain train` processes that carry the environment
 a 2-task, 1-node `srun` gives its tasks, on loopback. Kubernetes is tested with a fake API client
 passed as TensorFlow's `override_client` (what TensorFlow's own resolver tests do); a real
@@ -17,9 +18,10 @@ import numpy as np
 import pytest
 
 from tests.launch_testutil import Running
-from tftrain import cluster, config as config_lib
+from tftrain import config as config_lib
+from tftrain.runtime import cluster
 from tftrain.errors import ConfigError, TftrainError
-from tftrain.launch import free_ports
+from tftrain.runtime.launch import free_ports
 
 BOUND = 420  # seconds a 2-worker run here may take before the test calls it a hang
 EPOCHS = 2
@@ -148,7 +150,7 @@ def test_train_refuses_a_bad_slurm_step_before_training(monkeypatch, tmp_path, c
 # --- TensorFlow's resolvers ------------------------------------------------------------------
 
 def test_slurm_resolver_agrees_with_the_environment(monkeypatch):
-    from tftrain import distribute
+    from tftrain.runtime import distribute
 
     set_env(monkeypatch, srun_env(rank=1))
     resolver = distribute.cluster_resolver(cluster.membership(), port=9300)
@@ -163,7 +165,7 @@ def test_slurm_resolver_agrees_with_the_environment(monkeypatch):
 def test_slurm_resolver_refuses_to_put_a_task_on_another_node(monkeypatch):
     """TensorFlow numbers tasks node by node in sorted node order: with n9,n10 it would give
     task 0 (running on n9) the address of n10, and every worker would wait on the wrong peer."""
-    from tftrain import distribute
+    from tftrain.runtime import distribute
 
     set_env(monkeypatch, srun_env(rank=0))
     set_env(monkeypatch, {"SLURM_STEP_NODELIST": "n[9-10]", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
@@ -192,7 +194,7 @@ class FakeKubernetesClient:
 
 
 def test_kubernetes_resolver_with_a_fake_api_client(monkeypatch):
-    from tftrain import distribute
+    from tftrain.runtime import distribute
 
     monkeypatch.setenv("TFTRAIN_K8S_SELECTOR", "job-name=digits")
     member = cluster.Membership("kubernetes", 2, "worker", 1, False)

@@ -7,9 +7,9 @@ import pytest
 
 from tests.launch_testutil import Running
 from tftrain import config as config_lib
-from tftrain import data_service
+from tftrain.data import service as data_service
 from tftrain.errors import ConfigError
-from tftrain.launch import free_ports
+from tftrain.runtime.launch import free_ports
 
 START = 120  # seconds a server may take to start on a loaded machine
 

@@ -4,7 +4,8 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from tftrain import distribute, models
+from tftrain import models
+from tftrain.runtime import distribute
 from tftrain.config import RuntimeConfig
 from tftrain.errors import ConfigError, TftrainError
 

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from tftrain import config as config_lib
-from tftrain import train
+from tftrain.engine import train
 from tftrain.callbacks.divergence import Diverged
 from tftrain.callbacks.preemption import Preempted
 from tftrain.errors import ConfigError

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import PYTHON, REPO
 from tftrain import config as config_lib
-from tftrain import dtensor_layouts as layouts
+from tftrain.runtime import dtensor_layouts as layouts
 from tftrain.errors import ConfigError
 
 TIMEOUT = 600
@@ -115,7 +115,8 @@ def test_memory_report_counts_shards():
 ONE_STEP = r'''
 import json, sys
 import tftrain  # noqa: F401
-from tftrain import config as config_lib, dtensor_train, models, train
+from tftrain import config as config_lib, models
+from tftrain.engine import dtensor_train, train
 from tftrain.data import reader
 
 data_dir = sys.argv[1]

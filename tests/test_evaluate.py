@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import tf_keras as keras
 
-from tftrain import models, train
+from tftrain import models
+from tftrain.engine import train
 from tftrain.data import load
 
 

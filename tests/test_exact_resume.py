@@ -144,7 +144,7 @@ def _weights(dump_dir, name="worker-0.npz") -> list:
 def _train_in_process(model_dir, overrides_text, monkeypatch, dump_dir=None) -> dict:
     """`tftrain train` in this process (cheaper than a new one: TensorFlow is loaded)."""
     from tftrain import config as config_lib
-    from tftrain import train
+    from tftrain.engine import train
 
     if dump_dir:
         monkeypatch.setenv("TFTRAIN_DUMP_WEIGHTS_DIR", str(dump_dir))
@@ -304,7 +304,7 @@ def _crash_at(step: int):
 def test_crash_then_resume_in_process(tmp_path, id_data, monkeypatch, variant, accum,
                                       crash_step):
     from tftrain import config as config_lib
-    from tftrain import train
+    from tftrain.engine import train
 
     ids_dir = tmp_path / "ids"
     ids_dir.mkdir()

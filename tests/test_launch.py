@@ -10,9 +10,9 @@ import time
 import pytest
 
 from tests.launch_testutil import Running, pid_alive
-from tftrain import cluster
+from tftrain.runtime import cluster
 from tftrain.errors import ConfigError
-from tftrain.launch import free_ports
+from tftrain.runtime.launch import free_ports
 
 BOUND = 180
 FOREVER = ["data_service", "--dispatcher"]  # a tftrain command that runs until it is stopped

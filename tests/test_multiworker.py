@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from tests.launch_testutil import Running
-from tftrain.launch import free_ports
-from tftrain.export import saved_model_dir
+from tftrain.runtime.launch import free_ports
+from tftrain.engine.export import saved_model_dir
 
 EPOCHS = 5  # one worker needs about as many for >= 0.95 test accuracy on digits
 BOUND = 420  # seconds any launch here may take before the test calls it a hang

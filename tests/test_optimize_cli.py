@@ -15,7 +15,7 @@ import tf_keras as keras
 from tests.conftest import run_cli
 from tests.test_output_ownership import hold_run_lock, stop
 from tftrain.optimize import tflite_eval
-from tftrain.export import saved_model_dir
+from tftrain.engine.export import saved_model_dir
 
 SMALL_MODEL = "model.params={filters: [16, 32], dense_units: 64, dropout: 0.0}"
 

@@ -17,7 +17,8 @@ import yaml
 from tests.conftest import PYTHON, REPO
 from tests.test_convert import Pipeline, output_names
 from tftrain import config as config_lib
-from tftrain import ownership, run_dir, train
+from tftrain import ownership, run_dir
+from tftrain.engine import train
 from tftrain.data import inspection, shard_plan, writer
 from tftrain.data import manifest as manifest_lib
 from tftrain.data.writer import write_dataset

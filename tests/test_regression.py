@@ -10,7 +10,7 @@ import yaml
 
 from tests.conftest import run_cli
 from tftrain import config as config_lib
-from tftrain import train
+from tftrain.engine import train
 from tftrain.data import load
 
 
@@ -72,7 +72,7 @@ def test_evaluate_scores_the_saved_model_and_tflite_with_the_task_metrics(csv_ru
     import tf_keras as keras
     from sklearn.metrics import mean_absolute_error, r2_score
 
-    from tftrain.export import saved_model_dir
+    from tftrain.engine.export import saved_model_dir
 
     model = keras.models.load_model(saved_model_dir(str(run / "export")), compile=False)
     x, y = _arrays(str(data), "test")

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tftrain import config as config_lib
-from tftrain import train
+from tftrain.engine import train
 from tftrain.callbacks.callback_state import CallbackState
 from tftrain.callbacks.preemption import Preempted
 from tftrain.callbacks.step_timer import StepTimer

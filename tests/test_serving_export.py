@@ -12,7 +12,8 @@ import tf_keras as keras
 from pipelines import load_pipeline
 from tests.conftest import run_cli
 from tftrain import config as config_lib
-from tftrain import export, ownership
+from tftrain import ownership
+from tftrain.engine import export
 from tftrain.data import foreign, reader
 from tftrain.data import manifest as manifest_lib
 from tftrain.optimize import runs

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from tests.launch_testutil import Running
 from tftrain import config as config_lib
-from tftrain import tpu
+from tftrain.runtime import tpu
 from tftrain.data import reader
 from tftrain.errors import ConfigError
 

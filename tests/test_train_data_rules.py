@@ -117,7 +117,8 @@ def test_a_float_label_classified_is_one_clear_error_not_a_traceback(cli, capsys
 
 def test_evaluate_on_data_that_does_not_fit_the_model_is_one_line(cli, capsys, tmp_path,
                                                                   digits_dir):
-    from tftrain import models, train
+    from tftrain import models
+    from tftrain.engine import train
 
     model = models.build_model("mlp", {"hidden_units": [8]}, (8, 8, 1), 10)
     train.export(model, str(tmp_path / "export"))

@@ -9,9 +9,9 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tftrain import config as config_lib
-from tftrain import optimizers, precision, train
+from tftrain.engine import optimizers, precision, train
 from tftrain.errors import ConfigError
-from tftrain.export import saved_model_dir
+from tftrain.engine.export import saved_model_dir
 
 SMALL_MODEL = "model.name=mlp,model.params={hidden_units: [32], dropout: 0.0}"
 

@@ -4,7 +4,8 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from tftrain import grad_accum, models
+from tftrain import models
+from tftrain.engine import grad_accum
 
 EXAMPLES = 96
 

@@ -37,7 +37,7 @@ def _shipped_config_dir() -> str:
 CONFIG_DIR = _shipped_config_dir()
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu", "dtensor")
-# runtime.cluster: where the multi-worker cluster is described (tftrain/cluster.py)
+# runtime.cluster: where the multi-worker cluster is described (tftrain/runtime/cluster.py)
 CLUSTERS = ("auto", "tf_config", "slurm", "kubernetes")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
 JIT_COMPILE = ("auto", "true", "false")  # XLA for the train/eval steps; auto: on GPUs only
@@ -433,7 +433,7 @@ def validate(config: Config) -> None:
     if config.runtime.strategy == "mirrored" and config.runtime.cpu_devices > 1:
         check_divisible(config.data.batch_size, config.runtime.cpu_devices)
     if config.runtime.strategy == "dtensor":
-        from tftrain import dtensor_layouts  # no TensorFlow at import
+        from tftrain.runtime import dtensor_layouts  # no TensorFlow at import
 
         dtensor_layouts.check_config(config)
     if not config.data.dir:

@@ -15,7 +15,7 @@ from typing import Optional
 import tf_keras as keras
 
 from tftrain.fileio import write_atomic
-from tftrain.launch import HEARTBEAT_ENV
+from tftrain.runtime.launch import HEARTBEAT_ENV
 
 MIN_SECONDS = 1.0  # between two writes: a step is often much shorter than a file write
 

@@ -62,8 +62,8 @@ def before_connecting(config, model_dir: str | None, convert_data: bool = True) 
     assumed) and Python functions in the pipeline's decode source. The TensorFlow guide asks
     for the TPU to be initialized at the beginning of the program, and tracing a tf.data
     function already starts the runtime, so the checks on the built dataset wait for
-    `tftrain.tpu.check_ready`, after connecting. `convert_data` is `train`'s: whether a missing
-    dataset would be converted. Advice is logged.
+    `tftrain.runtime.tpu.check_ready`, after connecting. `convert_data` is `train`'s: whether a
+    missing dataset would be converted. Advice is logged.
     """
     runtime = config.runtime
     if not (runtime.strategy == "tpu" or (runtime.strategy == "auto" and runtime.tpu)):
@@ -114,7 +114,7 @@ def _read_manifest(config, report: Report, convert_data: bool = True) -> dict | 
     Only the first look at `data.dir` is bounded by DATA_TIMEOUT (an unreachable gs:// bucket);
     `data.format=tfrecord` then counts the records, as `train` does.
     """
-    from tftrain import distribute
+    from tftrain.runtime import distribute
     from tftrain.data import foreign
     from tftrain.data import manifest as manifest_lib
     from tftrain.data import reader
@@ -177,8 +177,8 @@ def _model_checks(config, manifest: dict, target: Target) -> list[Finding]:
     import tensorflow as tf
     import tf_keras as keras
 
-    from tftrain import precision as precision_lib
-    from tftrain import train
+    from tftrain.engine import precision as precision_lib
+    from tftrain.engine import train
     from tftrain.check import memory, xla
 
     policy = precision.policy_for(config, target)

@@ -55,7 +55,7 @@ def steps_per_execution(config, manifest: dict | None) -> Finding:
     epoch = ""
     count = (manifest or {}).get("splits", {}).get(config.data.train_split, {}).get("num_examples")
     if count is not None:
-        from tftrain import train
+        from tftrain.engine import train
 
         plan = train.plan_steps(config.train, count,
                                 config.data.batch_size * config.train.grad_accum_steps)

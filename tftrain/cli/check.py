@@ -37,7 +37,7 @@ def main(argv):
 
     flag_values = {"runtime.tpu": FLAGS.tpu} if FLAGS.tpu is not None else {}
     config = config_lib.build_config(FLAGS.config, flag_values, FLAGS.params_override)
-    from tftrain import cluster
+    from tftrain.runtime import cluster
 
     cluster.use(config.runtime.cluster)  # the workers of TF_CONFIG, SLURM, ... as train sees them
     target = make_target(config)
@@ -53,7 +53,7 @@ def main(argv):
 
 def make_target(config):
     """The `Target` of the flags (and, by default, of the config's strategy)."""
-    from tftrain import cluster, dtensor_layouts
+    from tftrain.runtime import cluster, dtensor_layouts
     from tftrain.check import hardware
     from tftrain.check.report import Target
     from tftrain.errors import ConfigError

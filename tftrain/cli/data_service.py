@@ -32,7 +32,7 @@ def main(argv):
         raise ConfigError("--worker needs --dispatcher_address=host:port (or add --dispatcher)")
 
     quiet_start.import_tensorflow()
-    from tftrain import data_service
+    from tftrain.data import service as data_service
 
     servers = []
     address = FLAGS.dispatcher_address

@@ -24,7 +24,7 @@ flags.DEFINE_string("json", None, "Also write the numbers to this JSON file (gs:
 
 
 def main(argv):
-    from tftrain import cluster
+    from tftrain.runtime import cluster
     from tftrain import config as config_lib
     from tftrain.errors import ConfigError
 

@@ -21,7 +21,7 @@ flags.DEFINE_integer("batch_size", 256, "Evaluation batch size.")
 def main(argv):
     require("model", "data")
     quiet_start.import_tensorflow()
-    from tftrain import evaluate
+    from tftrain.engine import evaluate
 
     metrics = evaluate.evaluate(FLAGS.model, FLAGS.data, FLAGS.split, FLAGS.batch_size,
                                 output=FLAGS.output, pipeline=FLAGS.pipeline,

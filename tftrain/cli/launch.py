@@ -32,7 +32,7 @@ flags.DEFINE_float("hang_timeout", None, "Treat the run as hung when no worker p
 
 
 def main(argv):
-    from tftrain import launch
+    from tftrain.runtime import launch
     from tftrain.cli import COMMANDS
     from tftrain.errors import ConfigError
 

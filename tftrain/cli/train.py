@@ -20,7 +20,7 @@ flags.DEFINE_integer("task_index", None, "This worker's index in --worker_hosts 
 
 
 def main(argv):
-    from tftrain import cluster  # no TensorFlow: TF_CONFIG must be set before it starts
+    from tftrain.runtime import cluster  # no TensorFlow: TF_CONFIG must be set before it starts
     from tftrain import config as config_lib
     from tftrain.errors import ConfigError
 
@@ -43,7 +43,8 @@ def main(argv):
                           "on every worker (a shared filesystem or gs://)")
 
     quiet_start.import_tensorflow()  # only after the config is valid (and TF_CONFIG is set)
-    from tftrain import run_dir, train
+    from tftrain import run_dir
+    from tftrain.engine import train
 
     model_dir = FLAGS.model_dir or run_dir.new_run_dir(FLAGS.config)
     print(f"run directory: {model_dir}", flush=True)

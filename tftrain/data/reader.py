@@ -82,7 +82,7 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     built with `pipeline_options` (e.g. {"image_size": 64}).
 
     tf.data service: with `service_address` (a dispatcher's host:port) the whole pipeline runs
-    on the service's workers in `service_mode` (see `tftrain.data_service`).
+    on the service's workers in `service_mode` (see `tftrain.data.service`).
 
     `last_stage` (one of STAGES) truncates the pipeline: "read" yields batches of serialized
     records, "parse" their parsed features, "decode" (the default) `(inputs, label)`.
@@ -182,7 +182,7 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
         dataset = dataset.map(parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE,
                               deterministic=deterministic)
     if service_address:  # everything above runs on the tf.data service workers
-        from tftrain import data_service
+        from tftrain.data import service as data_service
 
         dataset = data_service.distribute(dataset, service_address, service_mode)
     options = tf.data.Options()
@@ -241,7 +241,7 @@ def _shard_by_example_across_workers(dataset: tf.data.Dataset) -> tf.data.Datase
 
     Automatic FILE sharding fails outright when a split has fewer files than workers.
     """
-    from tftrain import cluster
+    from tftrain.runtime import cluster
 
     if cluster.num_workers() <= 1:
         return dataset

@@ -18,7 +18,8 @@ def run(config, steps: int = DEFAULT_STEPS, convert_data: bool = True) -> dict:
     import tf_keras as keras
 
     from tftrain import config as config_lib
-    from tftrain import distribute, precision, tpu, train
+    from tftrain.engine import precision, train
+    from tftrain.runtime import distribute, tpu
     from tftrain.doctor import advice, measure, stages as stages_lib
     from tftrain.errors import DataError
 

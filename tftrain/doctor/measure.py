@@ -15,7 +15,7 @@ import tensorflow as tf
 from absl import logging
 
 from tftrain.callbacks.step_timer import StepTimer
-from tftrain import train
+from tftrain.engine import train
 from tftrain.data import foreign, reader
 
 TIMED_EPOCHS = 6  # fit: one warm-up epoch, then this many timed epochs (steps / TIMED_EPOCHS each)

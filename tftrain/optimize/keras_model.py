@@ -12,7 +12,7 @@ import zipfile
 import tensorflow as tf
 import tf_keras as keras
 
-from tftrain import export
+from tftrain.engine import export
 from tftrain.errors import TftrainError
 
 _LOW_PRECISION = ("float16", "bfloat16")

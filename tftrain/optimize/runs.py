@@ -14,7 +14,9 @@ from absl import logging
 
 from tftrain import config as config_lib
 from tftrain import data as data_lib
-from tftrain import cluster, distribute, export, optimizers, run_dir, tasks, train
+from tftrain import run_dir, tasks
+from tftrain.engine import export, optimizers, train
+from tftrain.runtime import cluster, distribute
 from tftrain.data import foreign, reader
 from tftrain.errors import ConfigError, TftrainError
 from tftrain.fileio import join, write_atomic, write_json

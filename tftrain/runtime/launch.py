@@ -39,7 +39,7 @@ from typing import IO, Optional
 
 from absl import logging
 
-from tftrain import cluster
+from tftrain.runtime import cluster
 
 LAUNCHER = "[launch]"
 TAIL_LINES = 15

@@ -15,7 +15,8 @@ import tf_keras as keras
 
 from tftrain import config as config_lib
 from tftrain import data as data_lib
-from tftrain import export, run_dir, tasks
+from tftrain import run_dir, tasks
+from tftrain.engine import export
 from tftrain.data import manifest as manifest_lib
 from tftrain.errors import DataError, TftrainError
 from tftrain.fileio import join, write_json

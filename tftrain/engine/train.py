@@ -20,8 +20,9 @@ from absl import logging
 
 from pipelines import load_pipeline
 from tftrain import config as config_lib
-from tftrain import distribute, grad_accum, models, optimizers, precision, run_dir
-from tftrain import cluster, determinism, hparams, launch, ownership, tasks, tpu
+from tftrain import models, ownership, run_dir, tasks
+from tftrain.engine import determinism, grad_accum, hparams, optimizers, precision
+from tftrain.runtime import cluster, distribute, launch, tpu
 from tftrain.callbacks import backup as backup_lib
 from tftrain.callbacks import divergence, preemption
 from tftrain.callbacks.callback_state import CallbackState
@@ -34,7 +35,7 @@ from tftrain.callbacks.stop_at_step import StopAtStep
 from tftrain.data import manifest as manifest_lib
 from tftrain.data import foreign, reader, writer
 from tftrain.errors import DataError
-from tftrain.export import export
+from tftrain.engine.export import export
 from tftrain.fileio import join, write_atomic
 
 PREEMPTED_EXIT_CODE = preemption.PREEMPTED_EXIT_CODE
@@ -60,7 +61,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     """The story of one run (see `train`)."""
     # 1. The strategy comes first: no TensorFlow op may run before it is built.
     if config.runtime.strategy == "dtensor":  # model parallelism: a DTensor mesh, no strategy
-        from tftrain import dtensor_train
+        from tftrain.engine import dtensor_train
 
         return dtensor_train.run(config, model_dir, overwrite, sigterm, convert_data)
     # A TPU run that would fail stops here, before it connects to (and pays for) the TPU: the
@@ -195,7 +196,7 @@ def build_and_compile(config: config_lib.Config, manifest: dict, plan: "StepPlan
 
 
 def write_hparams(model_dir: str, config: config_lib.Config, summary: dict) -> None:
-    """The run's row in TensorBoard's HParams table (see `tftrain.hparams`)."""
+    """The run's row in TensorBoard's HParams table (see `tftrain.engine.hparams`)."""
     test = {k: v for k, v in summary["eval"].items() if isinstance(v, float)}
     hparams.write(join(model_dir, run_dir.LOGS), config, test, summary["validation"],
                   summary["steps"], trial_id=model_dir)

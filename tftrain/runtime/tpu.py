@@ -21,7 +21,7 @@ from tftrain.check.report import Target
 def check_ready(config: config_lib.Config, strategy) -> list[str]:
     """Checks a TPU run before it starts (no-op for other strategies); returns the advice given."""
     from tftrain.data import foreign
-    from tftrain.distribute import strategy_name
+    from tftrain.runtime.distribute import strategy_name
 
     if strategy_name(strategy) != "tpu":
         return []

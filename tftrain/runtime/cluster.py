@@ -18,8 +18,8 @@
   than one task, else one machine.
 
 `membership` reads the chosen source without TensorFlow (TF_CONFIG must be set, and the
-config checked, before TensorFlow starts); `tftrain.distribute` builds the TensorFlow resolver
-from the same source and checks that both agree. `use` records the choice (`tftrain train`
+config checked, before TensorFlow starts); `tftrain.runtime.distribute` builds the TensorFlow
+resolver from the same source and checks that both agree. `use` records the choice (`tftrain train`
 calls it once the config is loaded, the strategy factory again), so that `num_workers`, `task`
 and `is_chief` describe the same cluster as the strategy.
 

@@ -10,7 +10,7 @@ import os
 import tensorflow as tf
 from absl import logging
 
-from tftrain import cluster
+from tftrain.runtime import cluster
 from tftrain.config import RuntimeConfig
 from tftrain.errors import ConfigError, TftrainError
 
@@ -117,8 +117,8 @@ def _multi_worker_mirrored(runtime):
 
 
 def cluster_resolver(member: cluster.Membership, port: int = 0, kubernetes_client=None):
-    """TensorFlow's cluster resolver for `member.source` (see tftrain/cluster.py), checked to agree
-    with `member` (the worker count and this task, as tftrain read them before TensorFlow started).
+    """TensorFlow's cluster resolver for `member.source` (see tftrain/runtime/cluster.py),
+    checked to agree with `member` (the worker count and this task, as tftrain read them before TensorFlow started).
 
     Args:
       member: `cluster.membership()` of a multi-worker source.

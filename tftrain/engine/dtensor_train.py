@@ -1,15 +1,15 @@
 """`runtime.strategy: dtensor`: model parallelism on a DTensor mesh, through the same `fit`.
 
 DTensor is an alternative to tf.distribute, not a strategy: no `tf.distribute.Strategy` is
-created. `tftrain.train.run` hands over to `run()` here at its strategy step; `run()` tells the
-same story with the DTensor pieces and reuses everything else of the normal run (step plan,
+created. `tftrain.engine.train.run` hands over to `run()` here at its strategy step; `run()`
+tells the same story with the DTensor pieces and reuses everything else of the normal run (step plan,
 dataset conversion, callbacks with backup/resume and preemption, export, run directory):
 
 1. mesh from `runtime.mesh` (virtual CPU devices, GPUs or TPU cores);
 2. data: the same reader, per-replica batches wrapped in a `tf.experimental.dtensor.DTensorDataset`;
 3. model: built once as an ordinary model (its weights' paths decide the layouts, and it is the
    export), then rebuilt under a tf-keras `LayoutMap` with each weight split as the layout rules
-   say (`tftrain.dtensor_layouts`), starting from the same initial weights;
+   say (`tftrain.runtime.dtensor_layouts`), starting from the same initial weights;
 4. `fit` with a DTensor optimizer (an optimizer given `mesh=`);
 5. the trained weights are gathered into the ordinary model, which is evaluated on the full test
    split and exported as an ordinary SavedModel (evaluate, prune and quantize take it as is).
@@ -25,7 +25,9 @@ from absl import logging
 from tensorflow.experimental import dtensor
 
 from tftrain import config as config_lib
-from tftrain import distribute, dtensor_layouts, launch, models, optimizers, run_dir, tasks
+from tftrain import models, run_dir, tasks
+from tftrain.engine import optimizers
+from tftrain.runtime import distribute, dtensor_layouts, launch
 from tftrain.callbacks import backup as backup_lib
 from tftrain.callbacks.step_timer import StepTimer
 from tftrain.data import foreign, reader
@@ -40,7 +42,7 @@ _SKIP_ATTRIBUTES = ("_self_tracked_trackables", "_trainable_weights", "_non_trai
 def run(config: config_lib.Config, model_dir: str, overwrite: bool, sigterm,
         convert_data: bool = True) -> dict:
     """The story of one DTensor run (see the module docstring); returns the summary."""
-    from tftrain import train  # the normal run's helpers (imported late: train imports us)
+    from tftrain.engine import train  # the normal run's helpers (imported late: train imports us
 
     # 1. The mesh comes first: virtual devices must be configured before any TensorFlow op.
     mesh, dims = create_mesh(config.runtime)
