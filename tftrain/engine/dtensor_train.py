@@ -70,7 +70,8 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool, sigterm,
 
     # 3. Model: the ordinary model, then its sharded twin under a LayoutMap, same initial weights.
     model = models.build_model(config.model.name, config.model.params,
-                               train.input_shape(config.data), task.outputs())
+                               train.input_shape(config.data), task.outputs(),
+                               dataset_info=manifest.get("info"))
     plan_layouts = resolve_layouts(model, config.model.name, config.runtime.layout_rules, dims)
     sharded = build_sharded(model, mesh, plan_layouts)
     sharded.compile(optimizer=make_optimizer(config.train, plan, mesh), loss=task.loss(),

@@ -186,7 +186,8 @@ def build_and_compile(config: config_lib.Config, manifest: dict, plan: "StepPlan
     compile_kwargs.setdefault("jit_compile", use_xla(config.runtime.jit_compile))
     task = tasks.from_config(config, manifest)
     model = models.build_model(config.model.name, config.model.params,
-                               input_shape(config.data), task.outputs())
+                               input_shape(config.data), task.outputs(),
+                               dataset_info=manifest.get("info"))
     trainer = grad_accum.wrap(model, config.train.grad_accum_steps)
     trainer.compile(
         optimizer=optimizers.make_optimizer(config.train, plan.steps_per_epoch, plan.total_steps),

@@ -18,8 +18,10 @@ from typing import Callable
 
 from tftrain.errors import ConfigError
 
-# What a builder receives besides model.params (never settable there).
-DATASET_ARGUMENTS = ("input_shape", "outputs", "num_classes")
+# What a builder receives besides model.params (never settable there). The last two come from
+# the dataset's manifest `info` (text datasets), given to builders whose signature names them.
+DATASET_ARGUMENTS = ("input_shape", "outputs", "num_classes", "vocab_size", "sequence_length")
+INFO_KEYS = {"vocab_size": ("vocab_size",), "sequence_length": ("sequence_length", "max_length")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,11 +160,14 @@ def check_model(name: str, params: dict) -> None:
                               f"(it takes: {', '.join(allowed) or 'none'})")
 
 
-def build_model(name: str, params: dict, input_shape, outputs: OutputSpec | int):
+def build_model(name: str, params: dict, input_shape, outputs: OutputSpec | int,
+                dataset_info: dict | None = None):
     """Builds the model; call inside `strategy.scope()`.
 
     `outputs`: the task's `OutputSpec`, or a number of classes. A builder that takes `outputs`
     gets the spec; one that takes `num_classes` (written before tasks) gets `outputs.size`.
+    A builder that names `vocab_size` or `sequence_length` gets them from `dataset_info` (the
+    manifest's `info`: `vocab_size`; `sequence_length` or `max_length`) when it has them.
     """
     import tf_keras as keras
 
@@ -170,6 +175,10 @@ def build_model(name: str, params: dict, input_shape, outputs: OutputSpec | int)
     builder = get_builder(name)
     parameters = inspect.signature(builder).parameters
     given = {"outputs": spec} if "outputs" in parameters else {"num_classes": spec.size}
+    for argument, keys in INFO_KEYS.items():
+        found = [dataset_info[key] for key in keys if key in (dataset_info or {})]
+        if argument in parameters and found:
+            given[argument] = int(found[0])
     model = builder(input_shape=tuple(input_shape), **given, **params)
     if not isinstance(model, keras.Model):
         raise ConfigError(
