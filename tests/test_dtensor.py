@@ -116,22 +116,23 @@ ONE_STEP = r'''
 import json, sys
 import tftrain  # noqa: F401
 from tftrain import config as config_lib, models
-from tftrain.engine import dtensor_train, train
+from tftrain.engine import train
+from tftrain.runtime import dtensor as dtensor_runtime
 from tftrain.data import reader
 
 data_dir = sys.argv[1]
 config = config_lib.build_config("digits_dtensor", {}, f"data.dir={data_dir},"
                                  "train.optimizer=sgd,train.momentum=0,train.learning_rate=0.5")
-mesh, dims = dtensor_train.create_mesh(config.runtime)
+mesh, dims = dtensor_runtime.create_mesh(config.runtime)
 import numpy as np, tensorflow as tf, tf_keras as keras
 from tensorflow.experimental import dtensor
 
 keras.backend.experimental.enable_tf_random_generator()
 keras.utils.set_random_seed(0)
 model = models.build_model("mlp", {"dropout": 0}, (8, 8, 1), 10)
-plan = dtensor_train.resolve_layouts(model, "mlp", {}, dims)
-sharded = dtensor_train.build_sharded(model, mesh, plan)
-variables = dtensor_train.named_variables(sharded)
+plan = dtensor_runtime.resolve_layouts(model, "mlp", {}, dims)
+sharded = dtensor_runtime.build_sharded(model, mesh, plan)
+variables = dtensor_runtime.named_variables(sharded)
 found = {path: dtensor.fetch_layout(v).sharding_specs for path, v in variables.items()}
 local_shape = {path: dtensor.unpack(v.read_value())[0].shape.as_list()
                for path, v in variables.items()}
@@ -143,7 +144,7 @@ dataset = dtensor.DTensorDataset(
     tf.data.Dataset.from_tensor_slices((x, y)).repeat(), mesh=mesh, global_batch_size=32,
     batch_dim="batch", layouts=(dtensor.Layout.batch_sharded(mesh, "batch", 4),
                                 dtensor.Layout.batch_sharded(mesh, "batch", 1)))
-sharded.compile(optimizer=dtensor_train.make_optimizer(config.train, train.StepPlan(2, 1, 2), mesh),
+sharded.compile(optimizer=dtensor_runtime.make_optimizer(config.train, train.StepPlan(2, 1, 2), mesh),
                 loss=loss)
 model.compile(optimizer=keras.optimizers.SGD(0.5), loss=loss)
 
@@ -153,21 +154,21 @@ class Snapshot(keras.callbacks.Callback):
 
     def on_train_batch_begin(self, batch, logs=None):
         if batch == 0:
-            self.weights = {p: dtensor_train.gather(v).numpy() for p, v in variables.items()}
+            self.weights = {p: dtensor_runtime.gather(v).numpy() for p, v in variables.items()}
 
 
 snapshot = Snapshot()
 # Op by op: the compiled train function loses updates on TF 2.21 (docs/dtensor.md).
 sharded.run_eagerly = True
 sharded.fit(dataset, epochs=1, steps_per_epoch=1, verbose=0, callbacks=[snapshot])
-for path, variable in dtensor_train.named_variables(model).items():
+for path, variable in dtensor_runtime.named_variables(model).items():
     variable.assign(snapshot.weights[path])
 model.train_on_batch(x, y)  # the same step on one device
-after = {p: dtensor_train.gather(variables[p]).numpy() for p in variables}
+after = {p: dtensor_runtime.gather(variables[p]).numpy() for p in variables}
 diffs = {p: float(np.abs(after[p] - v.numpy()).max())
-         for p, v in dtensor_train.named_variables(model).items()}
+         for p, v in dtensor_runtime.named_variables(model).items()}
 moved = {p: float(np.abs(snapshot.weights[p] - after[p]).max()) for p in after}
-dtensor_train.copy_weights(sharded, model)
+dtensor_runtime.copy_weights(sharded, model)
 replicated = dtensor.relayout(sharded(dtensor.relayout(
     dtensor.copy_to_mesh(x, dtensor.Layout.replicated(mesh, 4)),
     dtensor.Layout.batch_sharded(mesh, "batch", 4))), dtensor.Layout.replicated(mesh, 2))

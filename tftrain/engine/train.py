@@ -1,8 +1,10 @@
-"""`tftrain train`: config -> strategy -> data -> model -> fit -> evaluate -> export.
+"""`tftrain train`: config -> backend -> data -> task and model -> fit -> evaluate -> export.
 
-Read top to bottom, `run()` is the whole story of one run. Cross-cutting concerns live in
-Keras callbacks (`tftrain/callbacks/`, one per file) and small modules: `optimizers`
-(optimizers and schedules), `grad_accum`, `precision`, `data.reader`, `run_dir`.
+Read top to bottom, `run()` is the whole story of one run, the same for every backend: a
+tf.distribute strategy or a DTensor mesh (`engine.backends`, the only place that knows which).
+Cross-cutting concerns live in Keras callbacks (`tftrain/callbacks/`, one per file) and small
+modules: `optimizers` (optimizers and schedules), `grad_accum`, `precision`, `data.reader`,
+`run_dir`; the task (`tftrain.tasks`) decides the head, loss, metrics and what is monitored.
 
 A run is hard to kill: it backs up to `model_dir/backup/` every `train.backup_every_steps`
 steps and at every epoch end, so the same command after a crash or SIGKILL resumes from the last
@@ -20,9 +22,11 @@ from absl import logging
 
 from pipelines import load_pipeline
 from tftrain import config as config_lib
-from tftrain import models, ownership, run_dir, tasks
-from tftrain.engine import determinism, grad_accum, hparams, optimizers, precision
-from tftrain.runtime import cluster, distribute, launch, tpu
+from tftrain import ownership, run_dir, tasks
+from tftrain.engine import backends, hparams, optimizers
+# Used by `tftrain check` and `tftrain doctor`, which build what train builds.
+from tftrain.engine.backends import build_and_compile, training_input_kwargs, use_xla  # noqa: F401
+from tftrain.runtime import cluster, launch
 from tftrain.callbacks import backup as backup_lib
 from tftrain.callbacks import divergence, preemption
 from tftrain.callbacks.callback_state import CallbackState
@@ -33,7 +37,7 @@ from tftrain.callbacks.learning_rate import LearningRateLogger
 from tftrain.callbacks.step_timer import StepTimer
 from tftrain.callbacks.stop_at_step import StopAtStep
 from tftrain.data import manifest as manifest_lib
-from tftrain.data import foreign, reader, writer
+from tftrain.data import foreign, writer
 from tftrain.errors import DataError
 from tftrain.engine.export import export
 from tftrain.fileio import join, write_atomic
@@ -59,20 +63,14 @@ def train(config: config_lib.Config, model_dir: str, *, overwrite: bool = False,
 def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         sigterm: preemption.SigtermHandler, convert_data: bool = True) -> dict:
     """The story of one run (see `train`)."""
-    # 1. The strategy comes first: no TensorFlow op may run before it is built.
-    if config.runtime.strategy == "dtensor":  # model parallelism: a DTensor mesh, no strategy
-        from tftrain.engine import dtensor_train
-
-        return dtensor_train.run(config, model_dir, overwrite, sigterm, convert_data)
-    # A TPU run that would fail stops here, before it connects to (and pays for) the TPU: the
-    # config-only checks, no TensorFlow op (tpu.check_ready checks the rest after connecting).
+    # 1. The backend comes first (a tf.distribute strategy or a DTensor mesh): no TensorFlow op
+    #    may run before it is built. A TPU run that would fail stops before it connects to (and
+    #    pays for) the TPU (tpu.check_ready checks the rest after connecting).
     from tftrain import check
 
     check.before_connecting(config, model_dir, convert_data)  # no-op for other strategies
-    strategy = distribute.create_strategy(config.runtime)
-    num_replicas = strategy.num_replicas_in_sync
-    chief = cluster.is_chief(strategy)  # multi-worker: only the chief writes the run's files
-    config_lib.check_divisible(config.data.batch_size, num_replicas)
+    backend = backends.create(config)
+    chief = backend.chief  # multi-worker: only the chief writes the run's files
 
     # The task (and train.monitor=auto) follows the dataset's labels unless task.type says.
     config, task = resolve_task(config)  # None while the dataset is still to be converted
@@ -81,10 +79,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         run_dir.prepare(model_dir, overwrite, params_yaml, chief=chief)  # the chief locks it
     if chief:
         write_atomic(join(model_dir, run_dir.PARAMS), params_yaml)
-    keras.utils.set_random_seed(config.train.seed)
-    if config.train.deterministic:  # before any model is built (its random layers)
-        determinism.enable()
-    policy = precision.set_policy(config.runtime.mixed_precision, strategy)
+    policy = backend.set_up(config)  # seeds, determinism, precision: before any model
 
     # 2. Data: converted the first time it is needed, then read from its TFRecord shards.
     #    One update consumes grad_accum_steps micro-batches of data.batch_size examples.
@@ -93,51 +88,44 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         config, task = tasks.resolve(config, manifest)
         if chief:
             write_atomic(join(model_dir, run_dir.PARAMS), config_lib.to_yaml(config))
-    source = foreign.load_kwargs(config.data)  # how to read data.dir: its manifest, or the config
     accum = config.train.grad_accum_steps
     plan = plan_steps(config.train, manifest["splits"][config.data.train_split]["num_examples"],
                       config.data.batch_size * accum)
-    train_data = reader.load_distributed(
-        strategy, config.data.dir, config.data.train_split, config.data.batch_size * accum,
-        # A resumed run reads on from the batches the backed-up steps consumed.
-        start_step=backup_lib.steps_done(join(model_dir, run_dir.BACKUP), plan.steps_per_epoch),
-        **training_input_kwargs(config))
-    static_shapes = distribute.strategy_name(strategy) == "tpu"
-    eval_data = reader.load_distributed(strategy, config.data.dir, config.data.eval_split,
-                                        config.data.batch_size, training=False,
-                                        drop_remainder=static_shapes, **source)
+    # A resumed run reads on from the batches the backed-up steps consumed.
+    train_data = backend.training_data(
+        config, backup_lib.steps_done(join(model_dir, run_dir.BACKUP), plan.steps_per_epoch))
+    eval_data = backend.evaluation_data(config, config.data.eval_split, for_fit=True)
 
-    # 3. Model, built and compiled inside the strategy's scope. `trainer` is the model itself,
-    #    or a wrapper that accumulates gradients; `model` is what gets exported.
-    tpu.check_ready(config, strategy)  # TPU only: static shapes, batch split, bf16, ...
-    with strategy.scope():
-        model, trainer = build_and_compile(config, manifest, plan)
-        # train.deterministic: the random layers' generators, resumed with the backup
-        random_state = (determinism.random_generators(trainer) if config.train.deterministic
-                        else None)
+    # 3. Model, built and compiled by the backend (inside the strategy's scope). `trainer` is
+    #    what `fit` trains (the model, a gradient-accumulating wrapper, or DTensor's sharded
+    #    twin); `model` is what gets exported.
+    model, trainer = backend.build(config, manifest, plan)
 
     # 4. Fit, resuming from model_dir/backup/ when an earlier attempt was interrupted.
     backup = backup_lib.Backup(join(model_dir, run_dir.BACKUP), config.train.backup_every_steps)
-    if random_state is not None:
-        backup.trackables["random_state"] = random_state
+    if backend.random_state is not None:  # train.deterministic: resumed with the backup
+        backup.trackables["random_state"] = backend.random_state
     timer = StepTimer(config.data.batch_size * accum)
     callbacks = make_callbacks(config.train, model_dir, plan, backup, timer, sigterm, chief=chief,
                                task=task)
     history = trainer.fit(train_data, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
-                          validation_data=eval_data, callbacks=callbacks,
-                          verbose=1 if sys.stdout.isatty() else 2)
+                          validation_data=eval_data,
+                          validation_steps=backend.validation_steps(config, manifest),
+                          callbacks=callbacks, verbose=1 if sys.stdout.isatty() else 2)
     epochs_done = history.epoch[-1] + 1 if history.epoch else (backup.resumed_at or (0,))[0]
+    steps_done = int(trainer.optimizer.iterations.numpy())
+    trained = backend.trained_model(model, trainer, task)  # DTensor: gathered into `model`
     validation = {k[4:]: float(v[-1]) for k, v in history.history.items() if k.startswith("val_")}
     if not validation:  # resumed after the last epoch: nothing was validated in this attempt
-        validation = evaluate(trainer, eval_data)
+        validation = evaluate(trained, backend.evaluation_data(config, config.data.eval_split))
 
-    # 5. Evaluate on the test split, export, and summarize; the backup goes last.
-    test_data = reader.load_distributed(strategy, config.data.dir, config.data.test_split,
-                                        config.data.batch_size, training=False,
-                                        drop_remainder=static_shapes, **source)
+    # 5. Evaluate on the test split, export, and summarize; the backup goes last. Evaluation
+    #    comes before the export: a DTensor-gathered model evaluated after it was exported
+    #    reports chance accuracy with the right loss (seen on TF 2.21).
+    test_metrics = evaluate(trained, backend.evaluation_data(config, config.data.test_split))
     cluster.dump_weights(model)  # debug aid: only when TFTRAIN_DUMP_WEIGHTS_DIR is set
     # Every worker takes part in the save; non-chief workers into a temporary directory.
-    export_dir = cluster.write_dir_for(join(model_dir, run_dir.EXPORT), strategy)
+    export_dir = backend.export_dir(join(model_dir, run_dir.EXPORT))
     export(model, export_dir, config.data, manifest)
     cluster.cleanup(export_dir, join(model_dir, run_dir.EXPORT))
     summary = {
@@ -145,12 +133,9 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         "data_dir": config.data.dir,
         "task": task.resolved(),
         "epochs": epochs_done,
-        "steps": int(trainer.optimizer.iterations.numpy()),
-        "eval": {"split": config.data.test_split, **evaluate(trainer, test_data)},
+        "steps": steps_done,
+        "eval": {"split": config.data.test_split, **test_metrics},
         "validation": validation,
-        "strategy": distribute.strategy_name(strategy),
-        "num_replicas": num_replicas,
-        "num_workers": cluster.num_workers(),
         "mixed_precision": policy,
         "grad_accum_steps": accum,
         "resumed_from": list(backup.resumed_at) if backup.resumed_at else None,
@@ -158,7 +143,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         "seconds_per_step": timer.seconds_per_step() if timer.timed else None,
         "examples_per_second": timer.examples_per_second() if timer.timed else None,
         "rollbacks": divergence.rollbacks_of(callbacks),  # by the guard, train.on_nan=rollback
-        "jit_compile": bool(trainer.jit_compile),
+        **backend.summary(trainer),  # strategy, replicas, workers, XLA; DTensor's mesh
     }
     if chief:
         write_hparams(model_dir, config, summary)
@@ -166,56 +151,11 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     return summary
 
 
-def training_input_kwargs(config: config_lib.Config) -> dict:
-    """`reader.load`'s keyword arguments for the training input (what `tftrain doctor` times too)."""
-    data = config.data
-    return dict(training=True, shuffle_buffer=data.shuffle_buffer, cache=data.cache, repeat=True,
-                seed=config.train.seed, service_address=data.service_address,
-                service_mode=data.service_mode, **foreign.load_kwargs(data))
-
-
-def build_and_compile(config: config_lib.Config, manifest: dict, plan: "StepPlan",
-                      **compile_kwargs) -> tuple[keras.Model, keras.Model]:
-    """The model and its compiled trainer (the model itself, or a gradient-accumulating wrapper).
-
-    Call it inside the strategy's scope. The input shape comes from one example of the
-    evaluation split, the head, loss and metrics from the task (`tftrain.tasks`);
-    `compile_kwargs` go to `compile` (`jit_compile` defaults to what `runtime.jit_compile`
-    says for the devices of this process).
-    """
-    compile_kwargs.setdefault("jit_compile", use_xla(config.runtime.jit_compile))
-    task = tasks.from_config(config, manifest)
-    model = models.build_model(config.model.name, config.model.params,
-                               input_shape(config.data), task.outputs(),
-                               dataset_info=manifest.get("info"))
-    trainer = grad_accum.wrap(model, config.train.grad_accum_steps)
-    trainer.compile(
-        optimizer=optimizers.make_optimizer(config.train, plan.steps_per_epoch, plan.total_steps),
-        loss=task.loss(), metrics=task.metrics(),
-        steps_per_execution=config.train.steps_per_execution, **compile_kwargs)
-    return model, trainer
-
-
 def write_hparams(model_dir: str, config: config_lib.Config, summary: dict) -> None:
     """The run's row in TensorBoard's HParams table (see `tftrain.engine.hparams`)."""
     test = {k: v for k, v in summary["eval"].items() if isinstance(v, float)}
     hparams.write(join(model_dir, run_dir.LOGS), config, test, summary["validation"],
                   summary["steps"], trial_id=model_dir)
-
-
-def use_xla(jit_compile: str) -> bool:
-    """`runtime.jit_compile` for `compile`: auto is XLA on GPUs, where it usually pays (fused
-    kernels), and not on CPUs, where it mostly adds compile time. TPUStrategy compiles with XLA
-    whatever this says."""
-    if jit_compile == "auto":
-        return bool(tf.config.list_logical_devices("GPU"))
-    return jit_compile == "true"
-
-
-def input_shape(data: config_lib.DataConfig):
-    """The shape of one example's inputs, from the first example of the evaluation split."""
-    return reader.load(data.dir, data.eval_split, 1, training=False,
-                       **foreign.load_kwargs(data)).element_spec[0].shape[1:]
 
 
 def resolve_task(config: config_lib.Config):

@@ -162,6 +162,9 @@ def check_config(config) -> None:
     if runtime.mixed_precision not in ("float32", "auto"):
         raise ConfigError(f"runtime.strategy=dtensor trains in float32 only; got runtime."
                           f"mixed_precision={runtime.mixed_precision!r} (use float32)")
+    if getattr(runtime, "jit_compile", "auto") == "true":
+        raise ConfigError("runtime.strategy=dtensor does not compile its steps with XLA here "
+                          "(runtime.jit_compile=true); use runtime.jit_compile=auto or false")
     accum = getattr(config.train, "grad_accum_steps", 1)
     if accum > 1:
         raise ConfigError(f"runtime.strategy=dtensor does not accumulate gradients; got "

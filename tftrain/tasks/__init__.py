@@ -1,8 +1,9 @@
 """Tasks: what a model learns from a dataset's labels (head, loss, metrics, monitor, measure).
 
-The engine (`train`, `dtensor_train`, `evaluate`, `optimize`) asks the task and never names a
-loss, a metric or a number of classes itself. `from_config(config, manifest)` builds the task a
-run's `task` section (or, for `task.type=auto`, the dataset's label) calls for; see `registry`.
+The engine (`engine.train` with its backends, `engine.evaluate`, `optimize`) asks the task and
+never names a loss, a metric or a number of classes itself. `from_config(config, manifest)`
+builds the task a run's `task` section (or, for `task.type=auto`, the dataset's label) calls
+for; see `registry`.
 Nothing here imports TensorFlow at module level.
 """
 from tftrain.tasks.base import Task  # noqa: F401

@@ -1,23 +1,16 @@
-"""`runtime.strategy: dtensor`: model parallelism on a DTensor mesh, through the same `fit`.
+"""DTensor, the model-parallel runtime: the device mesh, the training input as DTensors, and
+the model's weights sharded over the mesh by the layout rules (`runtime.dtensor_layouts`).
 
-DTensor is an alternative to tf.distribute, not a strategy: no `tf.distribute.Strategy` is
-created. `tftrain.engine.train.run` hands over to `run()` here at its strategy step; `run()`
-tells the same story with the DTensor pieces and reuses everything else of the normal run (step plan,
-dataset conversion, callbacks with backup/resume and preemption, export, run directory):
-
-1. mesh from `runtime.mesh` (virtual CPU devices, GPUs or TPU cores);
-2. data: the same reader, per-replica batches wrapped in a `tf.experimental.dtensor.DTensorDataset`;
-3. model: built once as an ordinary model (its weights' paths decide the layouts, and it is the
-   export), then rebuilt under a tf-keras `LayoutMap` with each weight split as the layout rules
-   say (`tftrain.runtime.dtensor_layouts`), starting from the same initial weights;
-4. `fit` with a DTensor optimizer (an optimizer given `mesh=`);
-5. the trained weights are gathered into the ordinary model, which is evaluated on the full test
-   split and exported as an ordinary SavedModel (evaluate, prune and quantize take it as is).
+DTensor is an alternative to tf.distribute, not a strategy. The engine's `DTensorBackend`
+(`tftrain.engine.backends`) uses these pieces: the model is built once as an ordinary model (its
+weights' paths decide the layouts, and it is the export), rebuilt under a tf-keras `LayoutMap`
+with each weight split as the rules say, starting from the same initial weights, trained with a
+DTensor optimizer (an optimizer given `mesh=`), and its trained weights gathered back into the
+ordinary model.
 """
 from __future__ import annotations
 
 import re
-import sys
 
 import tensorflow as tf
 import tf_keras as keras
@@ -25,108 +18,14 @@ from absl import logging
 from tensorflow.experimental import dtensor
 
 from tftrain import config as config_lib
-from tftrain import models, run_dir, tasks
-from tftrain.engine import optimizers
-from tftrain.runtime import distribute, dtensor_layouts, launch
-from tftrain.callbacks import backup as backup_lib
-from tftrain.callbacks.step_timer import StepTimer
 from tftrain.data import foreign, reader
+from tftrain.engine import optimizers
 from tftrain.errors import ConfigError
-from tftrain.fileio import join, write_atomic
+from tftrain.runtime import distribute, dtensor_layouts
 
 # Attributes under which tf-keras layers also list their variables (skipped by LayoutMap too).
 _SKIP_ATTRIBUTES = ("_self_tracked_trackables", "_trainable_weights", "_non_trainable_weights",
                     "_captured_weight_regularizer")
-
-
-def run(config: config_lib.Config, model_dir: str, overwrite: bool, sigterm,
-        convert_data: bool = True) -> dict:
-    """The story of one DTensor run (see the module docstring); returns the summary."""
-    from tftrain.engine import train  # the normal run's helpers (imported late: train imports us
-
-    # 1. The mesh comes first: virtual devices must be configured before any TensorFlow op.
-    mesh, dims = create_mesh(config.runtime)
-    config, task = train.resolve_task(config)  # None while the dataset is still to be converted
-    params_yaml = config_lib.to_yaml(config)
-    run_dir.prepare(model_dir, overwrite, params_yaml)
-    write_atomic(join(model_dir, run_dir.PARAMS), params_yaml)
-    keras.backend.experimental.enable_tf_random_generator()  # DTensor needs tf.random.Generator
-    keras.utils.set_random_seed(config.train.seed)
-    keras.mixed_precision.set_global_policy("float32")
-
-    # 2. Data: the same reader, per-replica batches packed into DTensors split over `batch`.
-    manifest = train.ensure_dataset(config.data, convert=convert_data)
-    if task is None:  # converted just now, or TFRecords of other tools: params.yaml says it
-        config, task = tasks.resolve(config, manifest)
-        write_atomic(join(model_dir, run_dir.PARAMS), config_lib.to_yaml(config))
-    batch = config.data.batch_size
-    num_train = manifest["splits"][config.data.train_split]["num_examples"]
-    plan = train.plan_steps(config.train, num_train, batch)
-    train_data = make_dataset(mesh, config, config.data.train_split, training=True,
-                              start_step=backup_lib.steps_done(join(model_dir, run_dir.BACKUP),
-                                                               plan.steps_per_epoch))
-    eval_data = make_dataset(mesh, config, config.data.eval_split, training=False)
-    eval_steps = max(1, manifest["splits"][config.data.eval_split]["num_examples"] // batch)
-
-    # 3. Model: the ordinary model, then its sharded twin under a LayoutMap, same initial weights.
-    model = models.build_model(config.model.name, config.model.params,
-                               train.input_shape(config.data), task.outputs(),
-                               dataset_info=manifest.get("info"))
-    plan_layouts = resolve_layouts(model, config.model.name, config.runtime.layout_rules, dims)
-    sharded = build_sharded(model, mesh, plan_layouts)
-    sharded.compile(optimizer=make_optimizer(config.train, plan, mesh), loss=task.loss(),
-                    metrics=task.metrics(), steps_per_execution=config.train.steps_per_execution)
-
-    # 4. Fit, resuming from model_dir/backup/ when an earlier attempt was interrupted.
-    backup = backup_lib.Backup(join(model_dir, run_dir.BACKUP), config.train.backup_every_steps)
-    timer = StepTimer(batch)
-    # Known on TF 2.21: the first train execution applies only one variable's update; see
-    # docs/dtensor.md ("What failed"). Later steps match the single-device step exactly.
-    callbacks = train.make_callbacks(config.train, model_dir, plan, backup, timer, sigterm,
-                                     task=task)
-    history = sharded.fit(train_data, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
-                          validation_data=eval_data, validation_steps=eval_steps,
-                          callbacks=callbacks, verbose=1 if sys.stdout.isatty() else 2)
-    epochs_done = history.epoch[-1] + 1 if history.epoch else (backup.resumed_at or (0,))[0]
-
-    # 5. Gather the weights into the ordinary model; evaluate it on full splits; export it.
-    copy_weights(sharded, model)
-    logging.info("gathered the trained weights into the ordinary model")
-    model.compile(loss=task.loss(), metrics=task.metrics())
-    validation = {k[4:]: float(v[-1]) for k, v in history.history.items() if k.startswith("val_")}
-    if not validation:  # resumed after the last epoch: nothing was validated in this attempt
-        validation = train.evaluate(model, _plain_data(config, config.data.eval_split))
-    test_metrics = train.evaluate(model, _plain_data(config, config.data.test_split))
-    train.export(model, join(model_dir, run_dir.EXPORT), config.data, manifest)
-    weights = weights_of(model)
-    summary = {
-        "model_dir": model_dir,
-        "data_dir": config.data.dir,
-        "task": task.resolved(),
-        "epochs": epochs_done,
-        "steps": int(sharded.optimizer.iterations.numpy()),
-        "eval": {"split": config.data.test_split, **test_metrics},
-        "validation": validation,
-        "strategy": "dtensor",
-        "num_replicas": dims[dtensor_layouts.BATCH],
-        "num_workers": 1,
-        "mixed_precision": "float32",
-        "grad_accum_steps": 1,
-        "resumed_from": list(backup.resumed_at) if backup.resumed_at else None,
-        **launch.restart_summary(),  # restarts by `tftrain launch --max_restarts`
-        "seconds_per_step": timer.seconds_per_step() if timer.epochs else None,
-        "examples_per_second": timer.examples_per_second() if timer.epochs else None,
-        "dtensor": {
-            "mesh": dtensor_layouts.format_mesh(dims),
-            "device_type": mesh.device_type(),
-            "layouts": {path: ",".join(spec) for path, spec in plan_layouts.items()},
-            "memory": dtensor_layouts.memory_report(
-                weights, plan_layouts, dims, optimizer_slots(config.train.optimizer)),
-        },
-    }
-    train.write_hparams(model_dir, config, summary)
-    run_dir.finish(model_dir, summary)
-    return summary
 
 
 def create_mesh(runtime: config_lib.RuntimeConfig):
@@ -184,11 +83,6 @@ def make_dataset(mesh, config: config_lib.Config, split: str, training: bool,
     return dtensor.DTensorDataset(dataset, mesh=mesh, layouts=layouts,
                                   global_batch_size=config.data.batch_size,
                                   batch_dim=dtensor_layouts.BATCH, dataset_already_batched=True)
-
-
-def _plain_data(config: config_lib.Config, split: str):
-    return reader.load(config.data.dir, split, config.data.batch_size, training=False,
-                       **foreign.load_kwargs(config.data))
 
 
 def named_variables(model: keras.Model) -> dict:

@@ -1,0 +1,235 @@
+"""Where the run's model lives and trains: a `tf.distribute` strategy or a DTensor mesh.
+
+`tftrain.engine.train.run` tells one story for both; what differs is asked of the backend, and
+only the backend knows which one it is:
+
+- `StrategyBackend`: one device, Mirrored, MultiWorkerMirrored or TPU (`runtime.distribute`).
+  The model is built and compiled inside the strategy's scope and is what `fit` trains (or a
+  gradient-accumulating wrapper around it); under MultiWorkerMirrored only the chief writes the
+  run's files.
+- `DTensorBackend`: model parallelism on a mesh (`runtime.strategy=dtensor`, `runtime.dtensor`).
+  The ordinary model is built first (its weights' paths decide the layouts, and it is what is
+  exported), then a sharded twin trains; its weights are gathered back into the ordinary model
+  after `fit`, which is then evaluated on full splits and exported as an ordinary SavedModel.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+import tf_keras as keras
+from absl import logging
+
+from tftrain import config as config_lib
+from tftrain import models, tasks
+from tftrain.data import foreign, reader
+from tftrain.engine import determinism, grad_accum, optimizers, precision
+from tftrain.runtime import cluster, distribute, tpu
+
+
+def create(config: config_lib.Config):
+    """The backend of `runtime.strategy`, built before any other TensorFlow op runs."""
+    if config.runtime.strategy == "dtensor":
+        return DTensorBackend(config)
+    return StrategyBackend(config)
+
+
+def input_shape(data: config_lib.DataConfig):
+    """The shape of one example's inputs, from the first example of the evaluation split."""
+    return reader.load(data.dir, data.eval_split, 1, training=False,
+                       **foreign.load_kwargs(data)).element_spec[0].shape[1:]
+
+
+def use_xla(jit_compile: str) -> bool:
+    """`runtime.jit_compile` for `compile`: auto is XLA on GPUs, where it usually pays (fused
+    kernels), and not on CPUs, where it mostly adds compile time. TPUStrategy compiles with XLA
+    whatever this says."""
+    if jit_compile == "auto":
+        return bool(tf.config.list_logical_devices("GPU"))
+    return jit_compile == "true"
+
+
+def build_plain_model(config: config_lib.Config, manifest: dict) -> keras.Model:
+    """The model of `model.name` with the task's head, for the dataset of `manifest`."""
+    task = tasks.from_config(config, manifest)
+    return models.build_model(config.model.name, config.model.params, input_shape(config.data),
+                              task.outputs(), dataset_info=manifest.get("info"))
+
+
+def training_input_kwargs(config: config_lib.Config) -> dict:
+    """`reader.load`'s keyword arguments for the training input (what `tftrain doctor` times too)."""
+    data = config.data
+    return dict(training=True, shuffle_buffer=data.shuffle_buffer, cache=data.cache, repeat=True,
+                seed=config.train.seed, service_address=data.service_address,
+                service_mode=data.service_mode, **foreign.load_kwargs(data))
+
+
+def build_and_compile(config: config_lib.Config, manifest: dict, plan,
+                      **compile_kwargs) -> tuple[keras.Model, keras.Model]:
+    """The model and its compiled trainer (the model itself, or a gradient-accumulating wrapper).
+
+    Call it inside the strategy's scope. The input shape comes from one example of the
+    evaluation split, the head, loss and metrics from the task (`tftrain.tasks`);
+    `compile_kwargs` go to `compile` (`jit_compile` defaults to what `runtime.jit_compile`
+    says for the devices of this process).
+    """
+    compile_kwargs.setdefault("jit_compile", use_xla(config.runtime.jit_compile))
+    task = tasks.from_config(config, manifest)
+    model = build_plain_model(config, manifest)
+    trainer = grad_accum.wrap(model, config.train.grad_accum_steps)
+    trainer.compile(
+        optimizer=optimizers.make_optimizer(config.train, plan.steps_per_epoch, plan.total_steps),
+        loss=task.loss(), metrics=task.metrics(),
+        steps_per_execution=config.train.steps_per_execution, **compile_kwargs)
+    return model, trainer
+
+
+class StrategyBackend:
+    """A `tf.distribute` strategy: one device, Mirrored, MultiWorkerMirrored or TPU."""
+
+    def __init__(self, config: config_lib.Config):
+        self.strategy = distribute.create_strategy(config.runtime)
+        self.name = distribute.strategy_name(self.strategy)
+        self.num_replicas = self.strategy.num_replicas_in_sync
+        self.num_workers = cluster.num_workers()
+        self.chief = cluster.is_chief(self.strategy)  # multi-worker: only the chief writes
+        self.random_state = None  # train.deterministic: the random layers' generators
+        config_lib.check_divisible(config.data.batch_size, self.num_replicas)
+
+    def set_up(self, config: config_lib.Config) -> str:
+        """Seeds, determinism and the precision policy (before any model is built); returns the
+        policy's name."""
+        keras.utils.set_random_seed(config.train.seed)
+        if config.train.deterministic:
+            determinism.enable()
+        return precision.set_policy(config.runtime.mixed_precision, self.strategy)
+
+    def training_data(self, config: config_lib.Config, start_step: int):
+        """The endless training stream, split over the replicas, from `start_step` on."""
+        return reader.load_distributed(
+            self.strategy, config.data.dir, config.data.train_split,
+            config.data.batch_size * config.train.grad_accum_steps, start_step=start_step,
+            **training_input_kwargs(config))
+
+    def evaluation_data(self, config: config_lib.Config, split: str, *, for_fit: bool = False):
+        """`split` in global batches, for `fit`'s validation (`for_fit`) or a final evaluation."""
+        del for_fit  # Keras splits a dataset of global batches over the replicas either way
+        return reader.load_distributed(self.strategy, config.data.dir, split,
+                                       config.data.batch_size, training=False,
+                                       drop_remainder=self.name == "tpu",  # static shapes
+                                       **foreign.load_kwargs(config.data))
+
+    def validation_steps(self, config: config_lib.Config, manifest: dict):
+        """`fit`'s `validation_steps`: None, each validation reads the whole split."""
+        return None
+
+    def build(self, config: config_lib.Config, manifest: dict, plan):
+        """`(model, trainer)` built and compiled inside the strategy's scope (see
+        `build_and_compile`); `model` is what gets exported."""
+        tpu.check_ready(config, self.strategy)  # TPU only: static shapes, batch split, bf16, ...
+        with self.strategy.scope():
+            model, trainer = build_and_compile(config, manifest, plan)
+            if config.train.deterministic:  # their generator state is saved with the backup
+                self.random_state = determinism.random_generators(trainer)
+        return model, trainer
+
+    def trained_model(self, model: keras.Model, trainer: keras.Model, task) -> keras.Model:
+        """The compiled model to evaluate once training is over: the trainer itself."""
+        return trainer
+
+    def export_dir(self, path: str) -> str:
+        """Where this process writes the export meant for `path` (the chief: `path` itself;
+        the other workers take part in the save into a temporary directory)."""
+        return cluster.write_dir_for(path, self.strategy)
+
+    def summary(self, trainer: keras.Model) -> dict:
+        """The backend's part of `summary.json`."""
+        return {"strategy": self.name, "num_replicas": self.num_replicas,
+                "num_workers": self.num_workers, "jit_compile": bool(trainer.jit_compile)}
+
+
+class DTensorBackend:
+    """A DTensor mesh (`runtime.mesh`): the model's weights split over its `model` dimension,
+    the batch over `batch`. One process; no tf.distribute strategy is created."""
+
+    def __init__(self, config: config_lib.Config):
+        from tftrain.runtime import dtensor, dtensor_layouts
+
+        self._dtensor, self._layouts = dtensor, dtensor_layouts
+        self.mesh, self.dims = dtensor.create_mesh(config.runtime)
+        self.name = "dtensor"
+        self.num_replicas = self.dims[dtensor_layouts.BATCH]
+        self.num_workers = 1
+        self.chief = True
+        self.random_state = None
+        self._config = config
+        self._plan_layouts: dict = {}
+        self._model: keras.Model | None = None
+
+    def set_up(self, config: config_lib.Config) -> str:
+        """Seeds and float32 (DTensor needs tf.random.Generator-based random layers)."""
+        keras.backend.experimental.enable_tf_random_generator()
+        keras.utils.set_random_seed(config.train.seed)
+        keras.mixed_precision.set_global_policy("float32")
+        return "float32"
+
+    def training_data(self, config: config_lib.Config, start_step: int):
+        """The endless training stream as DTensors split over `batch`, from `start_step` on."""
+        return self._dtensor.make_dataset(self.mesh, config, config.data.train_split,
+                                          training=True, start_step=start_step)
+
+    def evaluation_data(self, config: config_lib.Config, split: str, *, for_fit: bool = False):
+        """`fit`'s validation: a repeated DTensor dataset of `split` (read `validation_steps`
+        batches); a final evaluation: `split` whole, ordinary batches for the gathered model."""
+        if for_fit:
+            return self._dtensor.make_dataset(self.mesh, config, split, training=False)
+        return reader.load(config.data.dir, split, config.data.batch_size, training=False,
+                           **foreign.load_kwargs(config.data))
+
+    def validation_steps(self, config: config_lib.Config, manifest: dict) -> int:
+        """The full global batches of the evaluation split (the DTensor dataset repeats)."""
+        examples = manifest["splits"][config.data.eval_split]["num_examples"]
+        return max(1, examples // config.data.batch_size)
+
+    def build(self, config: config_lib.Config, manifest: dict, plan):
+        """`(model, trainer)`: the ordinary model (the export), and its sharded twin compiled
+        with a DTensor optimizer, starting from the same weights."""
+        task = tasks.from_config(config, manifest)
+        model = build_plain_model(config, manifest)
+        self._plan_layouts = self._dtensor.resolve_layouts(
+            model, config.model.name, config.runtime.layout_rules, self.dims)
+        sharded = self._dtensor.build_sharded(model, self.mesh, self._plan_layouts)
+        sharded.compile(optimizer=self._dtensor.make_optimizer(config.train, plan, self.mesh),
+                        loss=task.loss(), metrics=task.metrics(),
+                        steps_per_execution=config.train.steps_per_execution)
+        # Known on TF 2.21: the first train execution applies only one variable's update; see
+        # docs/dtensor.md ("What failed"). Later steps match the single-device step exactly.
+        self._model = model
+        return model, sharded
+
+    def trained_model(self, model: keras.Model, trainer: keras.Model, task) -> keras.Model:
+        """The ordinary model with the trained (sharded) weights gathered into it, compiled
+        with the task's loss and metrics, evaluated on full splits."""
+        self._dtensor.copy_weights(trainer, model)
+        logging.info("gathered the trained weights into the ordinary model")
+        model.compile(loss=task.loss(), metrics=task.metrics())
+        return model
+
+    def export_dir(self, path: str) -> str:
+        """One process: the export is written where it belongs."""
+        return path
+
+    def summary(self, trainer: keras.Model) -> dict:
+        """The backend's part of `summary.json`: the mesh, the layouts and the bytes per device."""
+        layouts = self._layouts
+        weights = self._dtensor.weights_of(self._model)
+        return {
+            "strategy": "dtensor", "num_replicas": self.num_replicas, "num_workers": 1,
+            "jit_compile": bool(trainer.jit_compile),
+            "dtensor": {
+                "mesh": layouts.format_mesh(self.dims),
+                "device_type": self.mesh.device_type(),
+                "layouts": {path: ",".join(spec) for path, spec in self._plan_layouts.items()},
+                "memory": layouts.memory_report(
+                    weights, self._plan_layouts, self.dims,
+                    self._dtensor.optimizer_slots(self._config.train.optimizer)),
+            },
+        }
