@@ -9,7 +9,7 @@ from tftrain.errors import ConfigError
 
 from pipelines.base import BasePipeline, Row  # noqa: F401  (the public contract)
 
-BUILTIN = ("digits", "diabetes", "image_folder", "csv", "numpy", "tfds", "jsonl", "lmdb")
+BUILTIN = ("digits", "diabetes", "image_folder", "csv", "numpy", "tfds", "jsonl", "lmdb", "text")
 
 
 def load_pipeline(name: str, **options) -> BasePipeline:

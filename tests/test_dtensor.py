@@ -39,6 +39,7 @@ def _config(overrides: str):
     ("data.batch_size=33", "data.batch_size (33) must be divisible by the mesh's batch dim"),
     ("runtime.mixed_precision=mixed_float16", "float32 only"),
     ("train.grad_accum_steps=2", "does not accumulate gradients"),
+    ("runtime.jit_compile=true", "does not compile its steps with XLA"),
     ('runtime.layout_rules={"dense.*kernel": "unsharded,weights"}', "has 'weights'"),
     ('runtime.layout_rules={"dense.*kernel": "model,model"}', "uses a mesh dimension twice"),
     ('runtime.layout_rules={"dense[": "unsharded,model"}', "not a valid regex"),

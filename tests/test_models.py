@@ -38,8 +38,9 @@ def test_mixed_precision_keeps_logits_float32():
 
 
 def test_unknown_model_lists_registered_ones():
-    with pytest.raises(ConfigError, match="unknown model 'transformer': registered models are mlp, cnn, resnet"):
-        models.get_builder("transformer")
+    with pytest.raises(ConfigError, match="unknown model 'transformr' \\(did you mean "
+                                          "'transformer'\\?\\): registered models are mlp, cnn"):
+        models.get_builder("transformr")
     with pytest.raises(ConfigError, match="cannot import module 'no_such_pkg.models'"):
         models.get_builder("no_such_pkg.models:build")
 

@@ -96,8 +96,8 @@ def test_tasks_the_labels_cannot_support_are_one_clear_error(cli, capsys, tmp_pa
     with pytest.raises(DataError, match="classification needs integer class labels.*"
                                         "task.type=regression"):
         tasks.from_config(_config(type="classification"), floats)
-    with pytest.raises(ConfigError, match="language_model is not available yet"):
-        config_lib.build_config("digits", overrides="task.type=language_model")
+    with pytest.raises(DataError, match="task.type=language_model needs"):
+        tasks.from_config(_config(type="language_model"), {"info": {"num_classes": 10}})
     with pytest.raises(ConfigError, match="did you mean 'regression'"):
         config_lib.build_config("digits", overrides="task.type=regresion")
     with pytest.raises(ConfigError, match="task.loss='huber' \\(a regression loss\\)"):

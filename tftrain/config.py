@@ -47,13 +47,16 @@ CACHE_MODES = ("none", "records", "decoded")  # what tftrain.data.load keeps in 
 DATA_FORMATS = ("tftrain", "tfrecord")  # a tftrain dataset, or TFRecords other tools wrote
 LR_SCHEDULES = ("constant", "step", "cosine", "plateau")
 ON_NAN = ("stop", "rollback")  # train.on_nan: what a NaN/Inf loss does (callbacks/divergence.py)
-# train.monitor: auto is the task's own (val_accuracy for classifiers, val_rmse for regression)
+# train.monitor: auto is the task's own (val_accuracy for classifiers, val_rmse for regression,
+# val_loss for language models)
 MONITORS = ("auto", "val_accuracy", "val_loss", "accuracy", "loss", "val_rmse", "val_mae",
-            "val_r2", "rmse", "mae", "r2")
-# task.type: auto follows the dataset's label (tftrain/tasks/registry.py); language_model: later
+            "val_r2", "rmse", "mae", "r2", "val_perplexity", "perplexity")
+# task.type: auto follows the dataset's label (tftrain/tasks/registry.py)
 TASK_TYPES = ("auto", "classification", "regression", "language_model")
-# task.loss: auto is the task's default (classification: crossentropy, regression: mse)
-TASK_LOSSES = {"classification": ("crossentropy",), "regression": ("mse", "mae", "huber")}
+# task.loss: auto is the task's default (classification and language_model: crossentropy,
+# regression: mse)
+TASK_LOSSES = {"classification": ("crossentropy",), "regression": ("mse", "mae", "huber"),
+               "language_model": ("crossentropy",)}
 
 
 @dataclasses.dataclass
@@ -83,8 +86,9 @@ class DataConfig:
 class TaskConfig:
     """What the model learns from the labels: resolved from the dataset when `auto`."""
 
-    type: str = "auto"  # auto | classification | regression (language_model: not yet)
-    loss: str = "auto"  # auto | crossentropy (classification) | mse | mae | huber (regression)
+    type: str = "auto"  # auto | classification | regression | language_model
+    # auto | crossentropy (classification, language_model) | mse | mae | huber (regression)
+    loss: str = "auto"
 
 
 @dataclasses.dataclass
@@ -451,10 +455,6 @@ def check_task(config: Config) -> None:
         close = difflib.get_close_matches(str(task.type), TASK_TYPES, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(f"task.type={task.type!r} is not one of {', '.join(TASK_TYPES)}{hint}")
-    if task.type == "language_model":
-        raise ConfigError("task.type=language_model is not available yet: tftrain trains "
-                          "classification and regression tasks; use task.type=classification, "
-                          "regression or auto")
     losses = TASK_LOSSES.get(task.type) or tuple(dict.fromkeys(sum(TASK_LOSSES.values(), ())))
     if task.loss != "auto" and task.loss not in losses:
         owner = next((t for t, names in TASK_LOSSES.items() if task.loss in names), None)

@@ -32,6 +32,7 @@ COMMANDS = {
     "check": "Dry-run a config for a target (tpu, gpu, cpu): every check that needs no hardware.",
     "report": "Compare runs: one table of their metrics, sizes and speed; a PNG of their curves.",
     "doctor": "Say why a run is slow: input alone, model alone, both; the costliest stage; the fix.",
+    "generate": "Write text with a trained language model: its export continues --prompt.",
 }
 
 HELP_ARGS = ("-h", "--help", "-?", "--helpshort")

@@ -38,14 +38,14 @@ _DEFINITIONS = {
         "data", None, "Dataset directory (with dataset.json)."),
     "split": lambda: flags.DEFINE_string("split", "test", "Dataset split to use."),
     "pipeline": lambda: flags.DEFINE_string(
-        "pipeline", None, "Dataset kind: digits, image_folder, csv, numpy, tfds, jsonl, lmdb, or an "
-        "importable module of your own (my_pkg.my_data)."),
+        "pipeline", None, "Dataset kind: digits, diabetes, image_folder, csv, numpy, tfds, jsonl, "
+        "lmdb, text, or an importable module of your own (my_pkg.my_data)."),
     "pipeline_options": lambda: flags.DEFINE_string(
         "pipeline_options", "", "Pipeline options as key=value,key=value (a value may contain "
         "commas: columns=a,b,label_column=y)."),
     "max_metric_change": lambda: flags.DEFINE_float(
-        "max_metric_change", None, "Regression runs: largest accepted relative RMSE increase "
-        "versus the float model (0.05 = 5% worse); default: 0.05 for quantize, no gate for "
+        "max_metric_change", None, "Regression and language-model runs: largest accepted "
+        "relative RMSE / perplexity increase versus the float model (0.05 = 5% worse); default: 0.05 for quantize, no gate for "
         "prune.", lower_bound=0.0),
     "overwrite": lambda: flags.DEFINE_bool(
         "overwrite", False, "Replace existing finished output instead of refusing."),

@@ -1,4 +1,5 @@
-"""The model registry: `mlp`, `cnn`, `resnet`, or a user's `package.module:function`.
+"""The model registry: `mlp`, `cnn`, `resnet`, `transformer`, `transformer_lm` (see
+`models.transformer`), or a user's `package.module:function`.
 
 A builder gets what the dataset says: `input_shape`, and either `outputs` (a `OutputSpec` from
 the task: how many values the last layer gives and what they are; `outputs.head(x)` builds that
@@ -17,6 +18,7 @@ import inspect
 from typing import Callable
 
 from tftrain.errors import ConfigError
+from tftrain.models.transformer import transformer, transformer_lm
 
 # What a builder receives besides model.params (never settable there). The last two come from
 # the dataset's manifest `info` (text datasets), given to builders whose signature names them.
@@ -123,7 +125,8 @@ def resnet(input_shape, outputs: OutputSpec, depth=3, width=16, stages=3):
     return keras.Model(inputs, outputs.head(x), name="resnet")
 
 
-REGISTRY: dict[str, Callable] = {"mlp": mlp, "cnn": cnn, "resnet": resnet}
+REGISTRY: dict[str, Callable] = {"mlp": mlp, "cnn": cnn, "resnet": resnet,
+                                 "transformer": transformer, "transformer_lm": transformer_lm}
 
 
 def get_builder(name: str) -> Callable:

@@ -7,9 +7,12 @@
 - whole-number labels -> classification, unless they take more than `MAX_INFERRED_CLASSES`
   distinct values (a count, a price, an age...): then regression, with a warning that says how
   to choose (`task.type=regression` or `task.type=classification`);
+- next tokens (`label_stats.kind == "tokens"`: windows of token ids, the `text` pipeline)
+  -> language_model;
 - no label statistics (digits, image folders, TFDS, TFRecords of other tools) -> classification.
-A task the labels cannot support (regression on class names, classification of a float label)
-is a `DataError` naming the label and the setting to change.
+A task the labels cannot support (regression on class names, classification of a float label,
+a language model of anything but token windows, ...) is a `DataError` naming the label and the
+setting to change.
 """
 from __future__ import annotations
 
@@ -19,16 +22,18 @@ from absl import logging
 
 from tftrain.errors import ConfigError, DataError
 from tftrain.tasks.classification import ClassificationTask
+from tftrain.tasks.language_model import LanguageModelTask
 from tftrain.tasks.regression import RegressionTask
 
-TASKS = {"classification": ClassificationTask, "regression": RegressionTask}
+TASKS = {"classification": ClassificationTask, "regression": RegressionTask,
+         "language_model": LanguageModelTask}
 # More distinct whole-number labels than this look like a quantity, not class ids.
 MAX_INFERRED_CLASSES = 100
 
 
 def label_kind(info: dict) -> str | None:
-    """"float", "int" or "categorical": what the label is, from the manifest's `info`; None
-    when the pipeline recorded nothing about it (then `num_classes` says classes)."""
+    """"float", "int", "categorical" or "tokens": what the label is, from the manifest's
+    `info`; None when the pipeline recorded nothing about it (then `num_classes` says classes)."""
     stats = info.get("label_stats") or {}
     if stats.get("kind"):
         return stats["kind"]
@@ -50,6 +55,8 @@ def infer_type(manifest: dict, data=None) -> str:
     kind = label_kind(info)
     if kind == "float":
         return "regression"
+    if kind == "tokens":
+        return "language_model"
     stats = info.get("label_stats") or {}
     if kind == "int" and "distinct" in stats and (
             stats["distinct"] is None or stats["distinct"] > MAX_INFERRED_CLASSES):
@@ -80,6 +87,8 @@ def from_config(config, manifest: dict, *, training: bool = True):
                           f"{', '.join(TASKS)}")
     info = manifest.get("info") or {}
     kind = label_kind(info)
+    if task_type == "language_model" or kind == "tokens":
+        return language_model_task(task_type, config, manifest)
     if task_type == "regression":
         if kind in ("categorical", None) or info.get("class_names"):
             raise DataError(
@@ -97,6 +106,29 @@ def from_config(config, manifest: dict, *, training: bool = True):
             "`:categorical`).")
     count = num_classes(manifest, config.data) if training else info.get("num_classes", 0)
     return ClassificationTask(info, config.task.loss, count)
+
+
+def language_model_task(task_type: str, config, manifest: dict) -> LanguageModelTask:
+    """The language-model task; a DataError unless task and dataset are both about next tokens."""
+    info = manifest.get("info") or {}
+    where = _where(manifest, config.data)
+    if task_type != "language_model":
+        raise DataError(
+            f"task.type={task_type} needs a label per example, but {where} holds windows of "
+            "token ids whose labels are the next tokens: use task.type=language_model (or auto).")
+    if label_kind(info) != "tokens" or not info.get("vocab_size"):
+        raise DataError(
+            f"task.type=language_model needs windows of token ids with a vocabulary (convert "
+            f"text with `tftrain convert --pipeline=text`), but {where} has "
+            f"{_label_description(info)}: use task.type=auto, or train on a text dataset.")
+    return LanguageModelTask(info, config.task.loss, int(info["vocab_size"]))
+
+
+def _label_description(info: dict) -> str:
+    kind = label_kind(info)
+    if kind is None:
+        return "class labels" if info.get("num_classes") else "no token windows"
+    return {"float": "a float label", "int": "an integer label"}.get(kind, "class labels")
 
 
 def num_classes(manifest: dict, data) -> int:
