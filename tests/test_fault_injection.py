@@ -34,7 +34,7 @@ TFTRAIN = os.path.join(os.path.dirname(sys.executable), "tftrain")
 SEED = 20261201
 KILLS = 5
 BOUND = 240  # seconds any one command may take before the test calls it a hang
-EPOCHS = 3
+EPOCHS = 2
 
 
 def kill_moments(seconds: float) -> list[float]:
