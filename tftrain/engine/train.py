@@ -28,7 +28,7 @@ from tftrain.engine import backends, hparams, optimizers
 from tftrain.engine.backends import build_and_compile, training_input_kwargs, use_xla  # noqa: F401
 from tftrain.runtime import cluster, launch
 from tftrain.callbacks import backup as backup_lib
-from tftrain.callbacks import divergence, preemption
+from tftrain.callbacks import divergence, preemption, unfreeze
 from tftrain.callbacks.callback_state import CallbackState
 from tftrain.callbacks.divergence import DivergenceGuard
 from tftrain.callbacks.curves import Curves
@@ -107,7 +107,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         backup.trackables["random_state"] = backend.random_state
     timer = StepTimer(config.data.batch_size * accum)
     callbacks = make_callbacks(config.train, model_dir, plan, backup, timer, sigterm, chief=chief,
-                               task=task)
+                               task=task, requested=unfreeze.requested_by(model))
     history = trainer.fit(train_data, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
                           validation_data=eval_data,
                           validation_steps=backend.validation_steps(config, manifest),
@@ -241,7 +241,8 @@ def check_convertible(data: config_lib.DataConfig, convert: bool) -> None:
 
 
 def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: StepPlan,
-                   backup, timer, sigterm, chief: bool = True, task=None) -> list:
+                   backup, timer, sigterm, chief: bool = True, task=None,
+                   requested: list = ()) -> list:
     """The callbacks of `fit`, in the order they must run at each epoch end.
 
     The learning rate is added to the logs before TensorBoard writes them; the best checkpoint
@@ -279,7 +280,9 @@ def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: S
     # First: a NaN/Inf loss is acted on before any other callback sees the step.
     guard = DivergenceGuard(train_config.on_nan, backup, train_config.rollback_lr_factor,
                             train_config.max_rollbacks)
-    callbacks = [guard, *callbacks, backup, preemption.PreemptionCallback(sigterm, backup)]
+    # The model's own (`callbacks.unfreeze`) come next: before the backup, which builds nothing.
+    callbacks = [guard, *requested, *callbacks, backup,
+                 preemption.PreemptionCallback(sigterm, backup)]
     backup.state = CallbackState(callbacks)  # their counters go into each backup
     return callbacks
 

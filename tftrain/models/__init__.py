@@ -1,5 +1,6 @@
 """The model registry: `mlp`, `cnn`, `resnet`, `transformer`, `transformer_lm` (see
-`models.transformer`), or a user's `package.module:function`.
+`models.transformer`), `application` (tf_keras.applications backbones, `models.applications`),
+or a user's `package.module:function`.
 
 A builder gets what the dataset says: `input_shape`, and either `outputs` (a `OutputSpec` from
 the task: how many values the last layer gives and what they are; `outputs.head(x)` builds that
@@ -18,6 +19,7 @@ import inspect
 from typing import Callable
 
 from tftrain.errors import ConfigError
+from tftrain.models.applications import application
 from tftrain.models.transformer import transformer, transformer_lm
 
 # What a builder receives besides model.params (never settable there). The last two come from
@@ -126,7 +128,8 @@ def resnet(input_shape, outputs: OutputSpec, depth=3, width=16, stages=3):
 
 
 REGISTRY: dict[str, Callable] = {"mlp": mlp, "cnn": cnn, "resnet": resnet,
-                                 "transformer": transformer, "transformer_lm": transformer_lm}
+                                 "transformer": transformer, "transformer_lm": transformer_lm,
+                                 "application": application}
 
 
 def get_builder(name: str) -> Callable:
