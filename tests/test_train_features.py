@@ -9,7 +9,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tftrain import config as config_lib
-from tftrain.engine import optimizers, precision, train
+from tftrain.engine import backends, optimizers, precision, train
 from tftrain.errors import ConfigError
 from tftrain.engine.export import saved_model_dir
 
@@ -173,4 +173,4 @@ def test_profile_steps_and_jit_compile_are_checked():
     with pytest.raises(ConfigError, match="runtime.jit_compile='maybe' is not one of auto, true"):
         config_lib.build_config("digits", overrides="runtime.jit_compile=maybe")
     assert config_lib.build_config("digits", overrides="runtime.jit_compile=false").runtime.jit_compile == "false"
-    assert not train.use_xla("auto")  # no GPU here: XLA stays off on CPUs
+    assert not backends.use_xla("auto")  # no GPU here: XLA stays off on CPUs

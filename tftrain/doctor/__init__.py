@@ -18,7 +18,7 @@ def run(config, steps: int = DEFAULT_STEPS, convert_data: bool = True) -> dict:
     import tf_keras as keras
 
     from tftrain import config as config_lib
-    from tftrain.engine import precision, train
+    from tftrain.engine import backends, precision, train
     from tftrain.runtime import distribute, tpu
     from tftrain.doctor import advice, measure, stages as stages_lib
     from tftrain.errors import DataError
@@ -43,7 +43,7 @@ def run(config, steps: int = DEFAULT_STEPS, convert_data: bool = True) -> dict:
 
     def compiled(model_config) -> keras.Model:
         with strategy.scope():
-            return train.build_and_compile(model_config, manifest, plan)[1]
+            return backends.build_and_compile(model_config, manifest, plan)[1]
 
     def fit_rate(trainer, dataset, execution: int = config.train.steps_per_execution) -> float:
         return measure.fit_rate(trainer, dataset, steps, examples, execution)

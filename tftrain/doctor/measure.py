@@ -15,7 +15,7 @@ import tensorflow as tf
 from absl import logging
 
 from tftrain.callbacks.step_timer import StepTimer
-from tftrain.engine import train
+from tftrain.engine import backends
 from tftrain.data import foreign, reader
 
 TIMED_EPOCHS = 6  # fit: one warm-up epoch, then this many timed epochs (steps / TIMED_EPOCHS each)
@@ -30,8 +30,8 @@ def examples_per_step(config) -> int:
 
 
 def training_kwargs(config, **changes) -> dict:
-    """`train.training_input_kwargs` with `changes` (e.g. `cache="decoded"`) applied."""
-    return {**train.training_input_kwargs(config), **changes}
+    """`backends.training_input_kwargs` with `changes` (e.g. `cache="decoded"`) applied."""
+    return {**backends.training_input_kwargs(config), **changes}
 
 
 def training_input(strategy, config, **changes):
