@@ -3,6 +3,7 @@ their headers claim, and `train --strategy=tpu` stopping before it connects.
 
 Real TensorFlow throughout: real tf.data graphs, real XLA compiles on the CPU, real models.
 """
+import dataclasses
 import os
 import re
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 from pipelines import load_pipeline
 from tests.conftest import REPO
 from tests.launch_testutil import Running
-from tftrain import models
+from tftrain import check, models
 from tftrain import config as config_lib
 from tftrain.check import batch, hardware, input_pipeline, memory, precision, storage
 from tftrain.check.report import ADVICE, ERROR, OK, Target
@@ -36,11 +37,30 @@ def _statuses(findings):
 
 
 @pytest.fixture(scope="module")
-def default_digits(tmp_path_factory):
+def own_data(tmp_path_factory):
+    """`own_data(name)`: the dataset of shipped config `name`, converted by its own default path
+    (`train.ensure_dataset` on its data section, into a temporary data.dir), once per module for
+    each distinct conversion (pipeline, source, options): the digits configs share one."""
+    from tftrain.engine import train
+
+    root, converted = tmp_path_factory.mktemp("own_data"), {}
+
+    def convert(name: str) -> str:
+        data = config_lib.build_config(name).data
+        key = (data.format, data.pipeline, data.source, repr(data.pipeline_options))
+        if key not in converted:
+            path = str(root / f"{len(converted)}-{data.pipeline}")
+            train.ensure_dataset(dataclasses.replace(data, dir=path))
+            converted[key] = path
+        return converted[key]
+
+    return convert
+
+
+@pytest.fixture(scope="module")
+def default_digits(own_data):
     """digits converted as `train` converts it on first use (one shard per small split)."""
-    path = str(tmp_path_factory.mktemp("check") / "digits")
-    write_dataset(load_pipeline("digits"), "", path, progress=False)
-    return path
+    return own_data("digits")
 
 
 @pytest.fixture(scope="module")
@@ -235,14 +255,26 @@ def _shipped_targets():
 
 
 @pytest.mark.parametrize("name,target", list(_shipped_targets()))
-def test_every_shipped_config_passes_the_targets_it_claims(name, target, default_digits, cli,
-                                                           capsys):
+def test_every_shipped_config_passes_the_targets_it_claims(name, target, own_data, cli, capfd,
+                                                           monkeypatch):
+    """On the data its own pipeline converts. Keras's warning that this CPU has no GPU for
+    mixed_float16, logged where that is the policy, is hidden at the default verbosity."""
+    from tf_keras.src.mixed_precision import device_compatibility_check as device_check
+
+    monkeypatch.setattr(device_check, "_logged_compatibility_check", False)
     assert cli("check", f"--config={name}", f"--target={target}",
-               f"--params_override=data.dir={default_digits}") == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+               f"--params_override=data.dir={own_data(name)}") == 0
+    out, err = capfd.readouterr()
+    lines = out.strip().splitlines()
     assert lines[-1].startswith("summary: 0 errors,"), lines
     assert all(line.split()[0] in (OK, ADVICE) for line in lines[:-1]), lines
     assert any(line.startswith("ok     xla       train step") for line in lines), lines
+    assert check.DEVICE_WARNING not in err and "mixed_float16 may run slowly" not in err, err
+    if precision.policy_for(config_lib.build_config(name), Target(target, 1)) == "mixed_float16":
+        assert device_check._logged_compatibility_check  # the warning was logged (and hidden)
+    if target == "gpu":  # runtime.jit_compile=auto: train compiles with XLA on a GPU
+        assert any("as `train` compiles it on a GPU with runtime.jit_compile=auto" in line
+                   for line in lines), lines
 
 
 def test_the_command_reports_every_failure_one_line_each(python_decode_dir, cli, capsys):
@@ -258,6 +290,55 @@ def test_the_command_reports_every_failure_one_line_each(python_decode_dir, cli,
     assert re.search(r"created at \S*tests/check_fixtures.py:\d+ in python_step; fix: ", xla_line)
     assert lines[-1].startswith("summary: 7 errors,") and "would fail" in lines[-1]
     assert "tpu v3 (grpc://10.0.0.2:8470), 8 TPU cores" in lines[-1]
+
+
+def test_xla_compiles_for_a_gpu_unless_jit_compile_is_false(digits_dir):
+    """runtime.jit_compile=auto (the default) is XLA on a GPU in `train`: the check compiles it."""
+    gpu = Target("gpu", 1)
+    auto = check.run(_config(f"data.dir={digits_dir},{PY_MODEL}"), gpu)
+    steps = [f for f in auto.findings if f.family == "xla"]
+    assert _statuses(steps) == [ERROR, ERROR], auto.lines()
+    assert all("does not compile with XLA: op EagerPyFunc" in f.what for f in steps)
+    off = check.run(_config(f"data.dir={digits_dir},{PY_MODEL},runtime.jit_compile=false"), gpu)
+    steps = [f for f in off.findings if f.family == "xla"]
+    assert _statuses(steps) == [OK, OK], off.lines()
+    assert all("XLA compile skipped (runtime.jit_compile=false)" in f.what for f in steps)
+
+
+def _documented_failing_check() -> tuple[str, list[str]]:
+    """docs/tpu.md's failing `tftrain check` example: the command as written (continuation lines
+    kept) and the lines shown under it."""
+    with open(os.path.join(REPO, "docs", "tpu.md"), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    start = next(i for i, line in enumerate(lines)
+                 if line.startswith("    $ PYTHONPATH=. tftrain check"))
+    end = start
+    while lines[end].endswith("\\"):
+        end += 1
+    command = "\n".join(line[4:] for line in lines[start:end + 1])[2:]
+    shown = []
+    for line in lines[end + 1:]:
+        if not line.strip():
+            break
+        shown.append(line[4:])
+    return command, shown
+
+
+def test_the_documented_failing_check_runs_as_written(digits_dir, tmp_path):
+    """In a directory laid out like a checkout: tests/ and a converted data/digits."""
+    command, shown = _documented_failing_check()
+    (tmp_path / "data").mkdir()
+    os.symlink(digits_dir, tmp_path / "data" / "digits")
+    os.symlink(os.path.join(REPO, "tests"), tmp_path / "tests")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL, check=False)
+    assert done.returncode == 1, done.stdout + done.stderr[-3000:]
+    printed = [line for line in done.stdout.splitlines() if line.startswith(("error", "summary"))]
+    assert printed == shown, done.stdout
+    # mixed_float16 is set: Keras's "no GPU here" warning is hidden at the default verbosity
+    assert check.DEVICE_WARNING not in done.stderr and "Traceback" not in done.stderr, done.stderr
 
 
 def test_an_unreadable_bucket_skips_the_data_checks_and_says_so(cli, capsys, monkeypatch):
@@ -294,6 +375,23 @@ def test_train_on_tpu_stops_before_connecting(default_digits, tmp_path):
     assert "before connecting to the TPU: 8 TPU cores (assumed" in errors[0]
     assert "data.batch_size (100) must be divisible" in errors[0]
     assert "cannot reach TPU" not in run.output and not (tmp_path / "run").exists()
+
+
+def test_train_on_tpu_stops_before_connecting_on_a_model_xla_cannot_compile(default_digits,
+                                                                           tmp_path, cli, capfd):
+    """The whole `tftrain check --target=tpu` runs in a child process first: the op is named."""
+    code = cli("train", "--config=digits_tpu", f"--model_dir={tmp_path / 'run'}",
+               f"--params_override=data.dir={default_digits},{PY_MODEL}")
+    err = capfd.readouterr().err
+    assert code == 2, err
+    lines = err.strip().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("tftrain train: error:"))
+    assert lines[first] == "tftrain train: error: before connecting to the TPU: 2 errors:", err
+    errors = lines[first + 1:]
+    assert len(errors) == 2 and all(line.startswith("error  xla       ") for line in errors), err
+    assert all("op EagerPyFunc (layer 'python_step' (Lambda)" in line for line in errors), err
+    assert "tftrain check --target=tpu, in a child process on the CPU" in err
+    assert "cannot reach TPU" not in err and not (tmp_path / "run").exists()
 
 
 def test_the_check_before_connecting_runs_no_tensorflow_op():

@@ -1,4 +1,5 @@
-"""Packaging: the `tpu` extra resolves on PyPI, and tftrain refuses a Keras 3 environment.
+"""Packaging: the `tpu` extra resolves on PyPI; the command refuses a Keras 3 environment, the
+Python API forces tf-keras (and says so).
 
 The `tpu` tests ask PyPI with `pip install --dry-run --ignore-installed` (nothing is installed;
 they need the network, which CI has). See docs/tpu.md for why the extra is the 2.20 set a TPU VM
@@ -118,19 +119,40 @@ def test_command_refuses_a_keras_3_environment_in_one_line(value, tmp_path):
     assert result.stdout.split() == ["2", "False"], result  # refused before importing TensorFlow
 
 
-def test_import_under_a_keras_3_environment_neither_exits_nor_overrides(tmp_path):
-    """`import tftrain` leaves an explicit TF_USE_LEGACY_KERAS=0 alone and reports it on request."""
-    probe = ("import json, os, sys, tftrain; print(json.dumps([os.environ['TF_USE_LEGACY_KERAS'], "
-             "tftrain.legacy_keras_problem(), 'tensorflow' in sys.modules]))")
+def test_import_under_a_keras_3_environment_forces_tf_keras_and_says_so_once(tmp_path):
+    """The Python API: TF_USE_LEGACY_KERAS=0 is forced to 1, with one warning when TensorFlow
+    is imported; unset is set silently; TensorFlow imported first with Keras 3 is an ImportError."""
+    probe = ("import json, os, sys, warnings, tftrain\n"
+             "before = [os.environ['TF_USE_LEGACY_KERAS'], 'tensorflow' in sys.modules]\n"
+             "import tensorflow as tf, tf_keras\n"
+             "from tftrain.data import reader\n"
+             "import tensorflow\n"
+             "print(json.dumps(before + [tf._tf_uses_legacy_keras,\n"
+             "                 tf.keras.layers.Dense is tf_keras.layers.Dense]))")
     result = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=120,
                             cwd=tmp_path, env=_env(TF_USE_LEGACY_KERAS="0"), check=False)
-    assert result.returncode == 0 and result.stderr == "", result
-    value, problem, tensorflow_imported = json.loads(result.stdout)
-    assert value == "0" and "TF_USE_LEGACY_KERAS='0'" in problem and not tensorflow_imported
+    assert result.returncode == 0, result
+    assert json.loads(result.stdout) == ["1", False, True, True], result
+    warned = [line for line in result.stderr.splitlines() if "LegacyKerasWarning" in line]
+    assert len(warned) == 1, result.stderr  # once, naming the variable, its value and why
+    assert "TF_USE_LEGACY_KERAS='0'" in warned[0] and "set TF_USE_LEGACY_KERAS=1" in warned[0]
+    assert "tensorflow-model-optimization need tf-keras" in warned[0], warned[0]
 
-    result = subprocess.run([PYTHON, "-c", probe], capture_output=True, text=True, timeout=120,
+    quiet = ("import json, os, sys, tftrain; print(json.dumps([os.environ['TF_USE_LEGACY_KERAS'], "
+             "tftrain.legacy_keras_problem(), 'tensorflow' in sys.modules]))")
+    result = subprocess.run([PYTHON, "-c", quiet], capture_output=True, text=True, timeout=120,
                             cwd=tmp_path, env=_env(), check=False)
     assert json.loads(result.stdout) == ["1", None, False], result  # unset: tftrain sets it
+    assert result.stderr == "", result.stderr
+
+    late = "import tensorflow\nimport tftrain"
+    result = subprocess.run([PYTHON, "-c", late], capture_output=True, text=True, timeout=120,
+                            cwd=tmp_path, env=_env(), check=False)
+    assert result.returncode == 1, result
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith("ImportError: TensorFlow was imported before tftrain without "
+                            "TF_USE_LEGACY_KERAS=1, so its tf.keras is Keras 3"), result.stderr
+    assert "import tftrain before tensorflow" in error
 
 
 def test_command_runs_when_the_variable_selects_tf_keras(tmp_path):

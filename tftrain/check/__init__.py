@@ -8,13 +8,17 @@ against its HBM (`memory`), and the real train and eval steps compiled by XLA an
 real batch (`xla`). It all runs here, on the CPU, with the default strategy: nothing connects
 to a TPU or needs one.
 
-`run` is the whole check (`tftrain check`). `before_connecting` is its config-only part, which
-`train` runs for a TPU before it connects (no TensorFlow op: the TPU must be initialized first).
-This module does not import TensorFlow at import time.
+`run` is the whole check (`tftrain check`). `before_connecting` is what `train` runs for a TPU
+before it connects: the config-only part here (no TensorFlow op: the TPU must be initialized
+first), which stops a bad config in milliseconds, then, when the dataset is there, the whole
+check in a child process that cannot touch the TPU (`isolated`). This module does not import
+TensorFlow at import time.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging as python_logging
 
 from absl import logging
 
@@ -54,16 +58,20 @@ def run(config, target: Target, model_dir: str | None = None,
 
 
 def before_connecting(config, model_dir: str | None, convert_data: bool = True) -> Report | None:
-    """The TPU checks that need neither TensorFlow nor data; raises ConfigError on an error.
+    """`tftrain check --target=tpu` before connecting to the TPU; raises ConfigError on an error.
 
     Only for a TPU run (`runtime.strategy=tpu`, or `auto` with `runtime.tpu`); None otherwise.
+    The target is the slice `TPU_ACCELERATOR_TYPE` names, else 8 replicas assumed.
 
-    Storage, precision, the batch split (over the replicas of `TPU_ACCELERATOR_TYPE`, else 8
-    assumed) and Python functions in the pipeline's decode source. The TensorFlow guide asks
-    for the TPU to be initialized at the beginning of the program, and tracing a tf.data
-    function already starts the runtime, so the checks on the built dataset wait for
-    `tftrain.runtime.tpu.check_ready`, after connecting. `convert_data` is `train`'s: whether a
-    missing dataset would be converted. Advice is logged.
+    First, here, without a TensorFlow op: storage, precision, the batch split and Python
+    functions in the pipeline's decode source; an error stops the run at once. The TensorFlow
+    guide asks for the TPU to be initialized at the beginning of the program, and tracing a
+    tf.data function already starts the runtime, so the rest (the input pipeline's graph, the
+    memory estimate, the train and eval steps compiled by XLA) runs in a child process with
+    libtpu and GPUs hidden (`isolated.run`), when `data.dir` holds the dataset; without it
+    (converted after connecting, or unreadable from here) they are skipped, said at `-v 1`.
+    `convert_data` is `train`'s: whether a missing dataset would be converted. Advice is logged;
+    returns the report (the child's, when it ran).
     """
     runtime = config.runtime
     if not (runtime.strategy == "tpu" or (runtime.strategy == "auto" and runtime.tpu)):
@@ -75,17 +83,35 @@ def before_connecting(config, model_dir: str | None, convert_data: bool = True) 
     report.extend(precision.check(config, target))
     report.extend(batch.check(config, target))
     report.extend(input_pipeline.check_source(config, target))
-    raise_errors(report.findings, "before connecting to the TPU")
+    if not report.of(ERROR) and (config.data.format == "tfrecord"
+                                 or _read_manifest(config, report, convert_data) is not None):
+        from tftrain.check import isolated
+
+        report = isolated.run(config, target, model_dir, convert_data) or report
+    elif not report.of(ERROR):  # no dataset yet, or unreadable from here: said at -v 1 only
+        skipped = [f for f in report.findings if f.family == "data" and f.status == ADVICE]
+        for finding in skipped:
+            logging.debug("%s: %s", BEFORE_CONNECTING, finding.message())
+        report.findings = [f for f in report.findings if f not in skipped]
+    raise_errors(report.findings, BEFORE_CONNECTING)
     return report
 
 
+BEFORE_CONNECTING = "before connecting to the TPU"
+
+
 def raise_errors(findings: list[Finding], when: str) -> list[str]:
-    """Raises ConfigError with the first error (and how many more); logs and returns the advice."""
+    """Raises ConfigError naming every error, one line each; logs and returns the advice.
+
+    One error is one line (`when: what; fix: ...`); several are a first line that counts them,
+    then each error's report line.
+    """
     errors = [f for f in findings if f.status == ERROR]
+    if len(errors) == 1:
+        raise ConfigError(f"{when}: {errors[0].message()}")
     if errors:
-        more = (f" ({len(errors) - 1} more: `tftrain check --target=tpu` with the same --config "
-                "and --params_override lists everything)") if len(errors) > 1 else ""
-        raise ConfigError(f"{when}: {errors[0].message()}{more}")
+        raise ConfigError("\n".join([f"{when}: {len(errors)} errors:"]
+                                    + [f.line() for f in errors]))
     advice = [f.message() for f in findings if f.status == ADVICE]
     for line in advice:
         logging.warning("%s", line)
@@ -177,11 +203,12 @@ def _model_checks(config, manifest: dict, target: Target) -> list[Finding]:
     import tensorflow as tf
     import tf_keras as keras
 
-    from tftrain.engine import precision as precision_lib
-    from tftrain.engine import train
     from tftrain.check import memory, xla
+    from tftrain.engine import backends, train
+    from tftrain.engine import precision as precision_lib
 
     policy = precision.policy_for(config, target)
+    compiled, how = xla.uses_xla(config, target)
     accum = config.train.grad_accum_steps
     plan = train.plan_steps(config.train,
                             manifest["splits"][config.data.train_split]["num_examples"],
@@ -192,11 +219,12 @@ def _model_checks(config, manifest: dict, target: Target) -> list[Finding]:
                                                                      steps_per_execution=1))
     previous = keras.mixed_precision.global_policy().name
     try:
-        precision_lib.set_policy(policy, tf.distribute.get_strategy())
+        with _hiding_device_warning():
+            precision_lib.set_policy(policy, tf.distribute.get_strategy())
         keras.utils.set_random_seed(config.train.seed)
         try:
-            model, trainer = train.build_and_compile(one_step, manifest, plan,
-                                                     jit_compile=target.kind == "tpu")
+            model, trainer = backends.build_and_compile(one_step, manifest, plan,
+                                                        jit_compile=compiled)
         except _bad_input() as e:
             return [_failure("model", f"building model.name={config.model.name}", e)]
         estimate = memory.estimate(model, config, target, policy)
@@ -213,9 +241,39 @@ def _model_checks(config, manifest: dict, target: Target) -> list[Finding]:
             findings.append(Finding(ADVICE, "xla", f"steps run on {size} examples instead of one "
                                     f"replica's {estimate.batch}, to fit this machine's free "
                                     "memory (the same ops compile; only the sizes differ)"))
-        return findings + xla.check(trainer, model, train_batch, eval_batch, target, policy)
+        return findings + xla.check(trainer, model, train_batch, eval_batch, how, policy)
     finally:
         keras.mixed_precision.set_global_policy(previous)
+
+
+class _DeviceWarningFilter(python_logging.Filter):
+    """Drops Keras's "Mixed precision compatibility check (mixed_float16): WARNING" record."""
+
+    def filter(self, record: python_logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(DEVICE_WARNING)
+
+
+DEVICE_WARNING = "Mixed precision compatibility check"
+
+
+@contextlib.contextmanager
+def _hiding_device_warning():
+    """Hides, at the default verbosity, Keras's warning that this machine has no GPU for
+    mixed_float16 (three lines, logged once when the policy is set): the check runs the steps on
+    this CPU on purpose, and the warning is about this machine, not the target. With `-v 1`
+    (no `log_filter.QuietFilter` on absl's handler) it shows as everywhere else."""
+    from tftrain import log_filter
+
+    handler = logging.get_absl_handler()
+    if not any(isinstance(f, log_filter.QuietFilter) for f in handler.filters):
+        yield
+        return
+    hide = _DeviceWarningFilter()
+    handler.addFilter(hide)
+    try:
+        yield
+    finally:
+        handler.removeFilter(hide)
 
 
 def _host_batch(estimate) -> int:

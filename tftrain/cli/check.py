@@ -3,9 +3,10 @@
 Checks, on this machine's CPU: storage the target can read and write (data.dir, --model_dir),
 the precision policy, the global batch over the replicas (and the partial last batch on TPU),
 Python functions and dynamic shapes in the input pipeline, one replica's memory against its
-HBM (TPU), and the real train and eval steps on one real batch (compiled by XLA for a TPU
-target). One line per finding (ok, advice, error: what, where, the fix), then a summary; exit
-code 1 when anything would fail. The data checks need the converted dataset; the check never
+HBM (TPU), and the real train and eval steps on one real batch (compiled by XLA whenever the
+run would use it: TPU; GPU unless runtime.jit_compile=false). One line per finding (ok,
+advice, error: what, where, the fix), then a summary; exit code 1 when anything would fail.
+The data checks need the converted dataset; the check never
 converts (pass --params_override=data.dir=<a local copy> to check a gs:// config here).
 Example: tftrain check --config=digits_tpu --params_override=data.dir=data/digits --target=tpu
          --tpu_type=v4 --tpu_cores=4
@@ -33,6 +34,24 @@ flags.DEFINE_integer("replicas", None, "--target=gpu|cpu|multi_worker: the repli
 
 
 def main(argv):
+    import os
+
+    from tftrain.check import xla
+
+    # Before TensorFlow (a model module may import it): XLA reads its flags once per process.
+    given = os.environ.get("XLA_FLAGS")
+    os.environ["XLA_FLAGS"] = xla.quick_compile_flags(given or "")
+    try:
+        return _check()
+    finally:  # in-process callers (tests) keep their own environment
+        if given is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = given
+
+
+def _check() -> int:
+    """The check of the flags' config and target: prints the report, returns its exit code."""
     from tftrain import config as config_lib
 
     flag_values = {"runtime.tpu": FLAGS.tpu} if FLAGS.tpu is not None else {}

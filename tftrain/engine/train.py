@@ -24,8 +24,6 @@ from pipelines import load_pipeline
 from tftrain import config as config_lib
 from tftrain import ownership, run_dir, tasks
 from tftrain.engine import backends, hparams, optimizers
-# Used by `tftrain check` and `tftrain doctor`, which build what train builds.
-from tftrain.engine.backends import build_and_compile, training_input_kwargs, use_xla  # noqa: F401
 from tftrain.runtime import cluster, launch
 from tftrain.callbacks import backup as backup_lib
 from tftrain.callbacks import divergence, preemption, unfreeze
