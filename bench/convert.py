@@ -31,8 +31,16 @@ import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench.table import markdown_table  # noqa: E402
+
 SIZE, CLASSES, FEATURES = 64, 10, 784
 METHODS = ("naive", "model_garden", "tftrain_w1", "tftrain_w2")
+# The method column of the table, as README shows it.
+METHOD_LABELS = {"naive": "naive loop (one Example at a time → writer)",
+                 "model_garden": "Model Garden approach (all in memory, then write)",
+                 "tftrain_w1": "tftrain, 1 worker", "tftrain_w2": "tftrain, 2 workers"}
 
 
 # ---- data ------------------------------------------------------------------------------------
@@ -324,10 +332,7 @@ def main() -> None:
     print(f"\nconvert benchmark: {args.images:,} 64x64 PNGs and {args.rows:,} x {FEATURES} float32 "
           f"rows (1x; 4x for the second columns), {os.cpu_count()} CPU cores, best of {args.repeats} runs, "
           f"load average {load}")
-    head = (f"{'data':<7}{'method':<14}{'ex/s 1x':>9}{'MB/s 1x':>9}{'ex/s 4x':>9}{'MB/s 4x':>9}"
-            f"{'vs naive':>10}{'vs MG':>8}{'peak MB 1x':>12}{'peak MB 4x':>12}{'4x/1x':>7}")
-    print(head)
-    print("-" * len(head))
+    table = []
     for kind in ("images", "arrays"):
         def speed(method, scale):
             r = results[(kind, method, scale)]
@@ -335,12 +340,17 @@ def main() -> None:
 
         for method in METHODS:
             one, four = results[(kind, method, 1)], results[(kind, method, 4)]
-            mb = [r["bytes"] / 2**20 / r["seconds"] for r in (one, four)]
-            print(f"{kind:<7}{method:<14}{speed(method, 1):>9,.0f}{mb[0]:>9.1f}{speed(method, 4):>9,.0f}"
-                  f"{mb[1]:>9.1f}{speed(method, 4) / speed('naive', 4):>9.2f}x"
-                  f"{speed(method, 4) / speed('model_garden', 4):>7.2f}x{one['peak_mb']:>12,.0f}"
-                  f"{four['peak_mb']:>12,.0f}{four['peak_mb'] / one['peak_mb']:>7.2f}")
-    print("vs naive / vs MG: examples/s at 4x relative to the naive loop / Model Garden's approach.")
+            table.append([kind, METHOD_LABELS[method], f"{speed(method, 1):,.0f}",
+                          f"{speed(method, 4):,.0f}",
+                          f"{speed(method, 4) / speed('naive', 4):.2f}x",
+                          f"{speed(method, 4) / speed('model_garden', 4):.2f}x",
+                          f"{one['peak_mb']:,.0f}", f"{four['peak_mb']:,.0f}",
+                          f"{four['peak_mb'] / one['peak_mb']:.2f}"])
+    print()
+    print(markdown_table(["data", "method", "ex/s 1x", "ex/s 4x", "vs naive", "vs Model Garden",
+                          "peak MB 1x", "peak MB 4x", "4x/1x"], table))
+    print("\n(\"vs\" columns compare the 4x runs: examples/s relative to the naive loop / Model "
+          "Garden's approach.)")
 
 
 if __name__ == "__main__":

@@ -28,10 +28,17 @@ import tftrain  # noqa: E402,F401  (tf-keras before TensorFlow)
 import tensorflow as tf  # noqa: E402
 
 from bench import synthetic  # noqa: E402
+from bench.table import markdown_table  # noqa: E402
 from tftrain.data import load, manifest as manifest_lib  # noqa: E402
 from tftrain.data.reader import parse_spec  # noqa: E402
 
 BATCH = 256
+# The rows of the table, as README shows them.
+RAW = "raw `TFRecordDataset` read (the limit)"
+NAIVE = "naive (`parse_single_example` map → batch)"
+PARALLEL = "per-example, parallel map + prefetch"
+TFTRAIN = "`tftrain.data.load`"
+CACHED = "`tftrain.data.load`, `data.cache=decoded`, after its first pass"
 
 
 def decode_one_example(serialized, spec):
@@ -50,14 +57,14 @@ def pipelines(data_dir: str, split: str) -> dict:
     # One dataset for every pass, as across the epochs of a fit: the warm-up pass fills its cache.
     cached = load(data_dir, split, BATCH, training=True, seed=0, cache="decoded")
     return {
-        "raw TFRecord read (limit)": lambda: tf.data.TFRecordDataset(files).batch(BATCH),
-        "naive (parse_single_example map)": lambda: tf.data.TFRecordDataset(files).map(
+        RAW: lambda: tf.data.TFRecordDataset(files).batch(BATCH),
+        NAIVE: lambda: tf.data.TFRecordDataset(files).map(
             lambda s: decode_one_example(s, spec)).batch(BATCH),
-        "per-example, parallel map": lambda: tf.data.TFRecordDataset(files).map(
+        PARALLEL: lambda: tf.data.TFRecordDataset(files).map(
             lambda s: decode_one_example(s, spec), num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH)
         .prefetch(tf.data.AUTOTUNE),
-        "tftrain.data.load": lambda: load(data_dir, split, BATCH, training=True, seed=0),
-        "tftrain, data.cache=decoded": lambda: cached,
+        TFTRAIN: lambda: load(data_dir, split, BATCH, training=True, seed=0),
+        CACHED: lambda: cached,
     }
 
 
@@ -88,21 +95,24 @@ def main() -> None:
     print(f"{count} records of 32x32x3 PNG in {len(manifest['splits'][split]['shards'])} shards, "
           f"batch {BATCH}, {os.cpu_count()} CPU cores")
     results: dict[str, tuple[float, float]] = {}
+    per_round: dict[str, list[float]] = {}
     for round_index in range(args.rounds):
         for name, make in pipelines(args.data, split).items():
             rate, cpu = examples_per_second(make, args.passes)
-            print(f"  round {round_index + 1}: {name:<34} {rate:>9,.0f} examples/s", flush=True)
+            print(f"  round {round_index + 1}: {name} {rate:,.0f} examples/s", flush=True)
+            per_round.setdefault(name, []).append(rate)
             if name not in results or rate > results[name][0]:
                 results[name] = (rate, cpu)
-    naive = results["naive (parse_single_example map)"][0]
-    raw = results["raw TFRecord read (limit)"][0]
+    naive, raw = results[NAIVE][0], results[RAW][0]
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"\nbest of {args.rounds} rounds; load average {load}")
-    print(f"| {'pipeline':<34} | {'examples/s':>11} | {'vs naive':>8} | {'vs raw':>6} | {'CPU us/example':>14} |")
-    print(f"|{'-' * 36}|{'-' * 13}|{'-' * 10}|{'-' * 8}|{'-' * 16}|")
-    for name, (rate, cpu) in results.items():
-        print(f"| {name:<34} | {rate:>11,.0f} | {rate / naive:>7.2f}x | {rate / raw:>5.2f}x | "
-              f"{cpu * 1e6:>14.1f} |")
+    print(f"\nbest of {args.rounds} rounds; load average {load}\n")
+    print(markdown_table(
+        ["pipeline", "examples/s", "vs naive", "vs raw", "CPU µs/example"],
+        [[name, f"{rate:,.0f}", f"{rate / naive:.2f}x", f"{rate / raw:.2f}x", f"{cpu * 1e6:.1f}"]
+         for name, (rate, cpu) in results.items()]))
+    ratios = ", ".join(f"{ours / theirs:.2f}x" for ours, theirs in zip(per_round[TFTRAIN],
+                                                                      per_round[NAIVE]))
+    print(f"\nper round, {TFTRAIN} / naive: {ratios}")
 
 
 if __name__ == "__main__":

@@ -69,8 +69,8 @@ def main() -> None:
     per_pass = manifest_lib.read(data_dir)["splits"]["train"]["num_examples"]
     tf.random.set_seed(0)
 
-    print(f"## Restart to the first batch, by position ({per_pass:,} training records per "
-          f"pass, batch {args.batch_size}, {os.cpu_count()} CPUs)\n")
+    print(f"Restart to the first batch, by position ({per_pass:,} training records per "
+          f"pass, batch {args.batch_size}, {os.cpu_count()} CPUs, best of {args.rounds}):\n")
     print("| position | records skipped | first batch (s) | records skipped / s |")
     print("|---|---:|---:|---:|")
     batches_per_pass = per_pass / args.batch_size
@@ -87,8 +87,9 @@ def main() -> None:
 
     default = step_seconds(data_dir, args, deterministic=False)
     deterministic = step_seconds(data_dir, args, deterministic=True)
-    print(f"\n## Step time, cnn (16, 32 filters) with dropout, batch {args.batch_size}, one "
-          "device\n")
+    print(f"\nStep time of `tftrain train`, cnn (16, 32 filters) with dropout, batch "
+          f"{args.batch_size}, one device, {args.steps_per_epoch} steps x 3 epochs (first "
+          "excluded):\n")
     print("| train.deterministic | ms / step | ratio |")
     print("|---|---:|---:|")
     print(f"| false (default) | {default * 1e3:.1f} | 1.00 |")

@@ -26,12 +26,15 @@ sys.path.insert(0, REPO)
 
 TFTRAIN = [sys.executable, "-c", "import sys; from tftrain.cli import run; run(['tftrain'] + sys.argv[1:])"]
 
+# The rows of the table, as README shows them.
+DIGITS = "digits CNN (8×8×1)"
+IMAGES = "generated images (32×32×3, CNN 64-128)"
 WORKLOADS = {
-    "digits cnn (8x8x1)": {
+    DIGITS: {
         "config": "digits",
         "overrides": "model.params={filters: [32, 64], dense_units: 128, dropout: 0.25}",
     },
-    "synthetic images (32x32x3)": {
+    IMAGES: {
         "config": "digits",
         "overrides": "data.pipeline=bench.synthetic,"
                      "model.params={filters: [64, 128], dense_units: 128, dropout: 0.25}",
@@ -104,13 +107,15 @@ def main() -> None:
                         help="train.steps_per_execution (1: per-step host overhead dominates digits)")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--workdir", default=None, help="default: a temporary directory")
-    parser.add_argument("--only", default=None, help="run one workload: digits or synthetic")
+    parser.add_argument("--only", default=None, choices=["digits", "synthetic"],
+                        help="run one workload: digits or synthetic")
     args = parser.parse_args()
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="tftrain-scale-")
     os.makedirs(workdir, exist_ok=True)
     import tftrain  # noqa: F401  (tf-keras before TensorFlow)
     from bench import synthetic
+    from bench.table import markdown_table, ms
     from pipelines import load_pipeline
     from tftrain.data import manifest as manifest_lib
     from tftrain.data.writer import write_dataset
@@ -118,14 +123,14 @@ def main() -> None:
     digits_dir = os.path.join(workdir, "digits")
     if not manifest_lib.exists(digits_dir):  # 2 shards: each worker reads its own file
         write_dataset(load_pipeline("digits"), "", digits_dir, num_shards=2)
-    WORKLOADS["digits cnn (8x8x1)"]["data_dir"] = digits_dir
+    WORKLOADS[DIGITS]["data_dir"] = digits_dir
     images_dir = os.path.join(workdir, f"synthetic-{args.images}")
     synthetic.make_dataset(images_dir, count=args.images, num_shards=8)
-    WORKLOADS["synthetic images (32x32x3)"]["data_dir"] = images_dir
+    WORKLOADS[IMAGES]["data_dir"] = images_dir
 
     rows = []
     for name, workload in WORKLOADS.items():
-        if args.only and not name.startswith(args.only):
+        if args.only and name != {"digits": DIGITS, "synthetic": IMAGES}[args.only]:
             continue
         one = run_launch(workdir, name, workload, 1, args)
         two = run_launch(workdir, name, workload, 2, args)
@@ -139,20 +144,18 @@ def main() -> None:
     print()
     print(f"per-worker batch {args.per_worker_batch}, {args.epochs} epochs (first not timed), "
           f"steps_per_execution {args.steps_per_execution}, each worker pinned to one core; "
-          f"load average now {load_average()}")
-    header = (f"{'workload':<28} {'1 worker ex/s':>14} {'2 workers ex/s':>15} {'speedup':>8} "
-              f"{'efficiency':>10} {'2 solo ex/s':>11} {'ceiling':>8} {'vs ceiling':>10} "
-              f"{'ms/step 1w':>10} {'ms/step 2w':>10}")
-    print(header)
-    print("-" * len(header))
+          f"load average now {load_average()}\n")
+    table = []
     for name, one, two, speedup, pair in rows:
-        ceiling = pair / one["examples_per_second"]
-        print(f"{name:<28} {one['examples_per_second']:>14.0f} {two['examples_per_second']:>15.0f} "
-              f"{speedup:>7.2f}x {speedup / 2:>10.0%} {pair:>11.0f} {ceiling:>7.2f}x "
-              f"{two['examples_per_second'] / pair:>10.0%} {one['seconds_per_step'] * 1000:>10.1f} "
-              f"{two['seconds_per_step'] * 1000:>10.1f}")
-    print("speedup = 2 workers / 1 worker; ceiling = 2 independent 1-worker runs at once (one per "
-          "core, no communication) / 1 worker; target: >= 1.6x with 2 workers on the image set")
+        table.append([name, f"{one['examples_per_second']:,.0f}",
+                      f"{two['examples_per_second']:,.0f}", f"{speedup:.2f}x",
+                      f"{pair / one['examples_per_second']:.2f}x",
+                      f"{ms(one['seconds_per_step'] * 1e3)} / {ms(two['seconds_per_step'] * 1e3)}"])
+    print(markdown_table(["workload", "1 worker ex/s", "2 workers ex/s", "speedup", "ceiling",
+                          "ms/step 1w / 2w"], table))
+    print("\nspeedup = 2 workers / 1 worker; ceiling = 2 independent 1-worker runs at once "
+          "(one per core, no communication) / 1 worker; target: >= 1.6x with 2 workers on the "
+          "image set")
 
 
 if __name__ == "__main__":

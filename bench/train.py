@@ -19,6 +19,10 @@ Input wait, on the tftrain model and reader, two ways:
   shared CPU       the same compiled model stepping over (a) the reader and (b) the same batches
                    replayed from memory: 1 - (b) / (a). On a CPU-only machine the reader decodes
                    on the cores the model computes on, so this also counts that competition
+Prints two markdown tables, ratios to the floor: "XLA" (the floor, hand-written, tftrain train
+without and with runtime.jit_compile=true) and "Training step" (the floor, hand-written,
+tftrain train, the same model over the reader and over replayed batches), then one line with
+the input wait, the shared CPU and the two ratios tftrain / hand-written and XLA / without.
 """
 from __future__ import annotations
 
@@ -36,12 +40,20 @@ import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
 from bench import synthetic  # noqa: E402
+from bench.table import markdown_table  # noqa: E402
 from tftrain import config as config_lib, models  # noqa: E402
 from tftrain.engine import train  # noqa: E402
 from tftrain.callbacks.step_timer import StepTimer  # noqa: E402
 from tftrain.data import load  # noqa: E402
 
 MODEL = {"filters": [32, 64], "dense_units": 128, "dropout": 0.25}
+# The rows of the two tables (XLA; training step), as README shows them.
+PLAIN = "plain tf_keras `fit` on decoded NumPy arrays (no input pipeline: the floor)"
+HAND_WRITTEN = "plain tf_keras `fit` over a hand-written tf.data pipeline of the same records"
+TFTRAIN = "`tftrain train` (reader, backup, TensorBoard, best checkpoint)"
+TFTRAIN_XLA = "`tftrain train`, `runtime.jit_compile=true` (the steps compiled by XLA)"
+READER = "same model: tftrain reader"
+REPLAYED = "same model: batches replayed from memory"
 
 
 def _compiled_model():
@@ -155,17 +167,13 @@ def main() -> None:
     print(f"\ncnn {MODEL['filters']} on 32x32x3, batch {args.batch_size}, {args.steps_per_epoch} "
           f"steps x {args.epochs} epochs (first excluded), best of {args.repeats}, "
           f"{os.cpu_count()} CPU cores")
-    print(f"\n| {'run':<40} | {'ms/step':>8} | {'ratio':>6} |")
-    print(f"|{'-' * 42}|{'-' * 10}|{'-' * 8}|")
-    print(f"| {'plain tf_keras fit (NumPy in memory)':<40} | {plain * 1e3:>8.1f} | {1:>5.2f}x |")
-    print(f"| {'plain tf_keras fit, hand-written tf.data':<40} | {hand * 1e3:>8.1f} | "
-          f"{hand / plain:>5.2f}x |")
-    print(f"| {'tftrain train':<40} | {ours * 1e3:>8.1f} | {ours / plain:>5.2f}x |")
-    print(f"| {'tftrain train, runtime.jit_compile=true':<40} | {xla * 1e3:>8.1f} | "
-          f"{xla / plain:>5.2f}x |")
-    print(f"| {'same model: tftrain reader':<40} | {real * 1e3:>8.1f} | {real / plain:>5.2f}x |")
-    print(f"| {'same model: batches replayed from memory':<40} | {memory * 1e3:>8.1f} | "
-          f"{memory / plain:>5.2f}x |")
+    floor = [(PLAIN, plain), (HAND_WRITTEN, hand), (TFTRAIN, ours)]
+    for title, rows in (("XLA:", floor + [(TFTRAIN_XLA, xla)]),
+                        ("Training step:", floor + [(READER, real), (REPLAYED, memory)])):
+        print(f"\n{title}\n")
+        print(markdown_table(["run", "ms/step", "ratio"],
+                             [[name, f"{seconds * 1e3:.1f}", f"{seconds / plain:.2f}x"]
+                              for name, seconds in rows]))
     print(f"\ninput wait (blocked on the next batch): {blocked:.1%} of the step time; shared CPU "
           f"(reader vs replay): {shared:.1%}; tftrain train / hand-written fit: {ours / hand:.2f}x; "
           f"with XLA / without: {xla / ours:.2f}x")

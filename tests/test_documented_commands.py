@@ -181,13 +181,21 @@ def chatter(output: str) -> list[str]:
 
 
 def test_verbose_flag_shows_the_library_lines_again(tmp_path, digits_dir):
-    """`-v 1` is the way back to everything the libraries say."""
+    """`-v 1` is the way back to everything the libraries say, in train, prune and quantize."""
     run_dir = tmp_path / "run"
     trained = run(f"tftrain train -v 1 --model_dir={run_dir} --params_override=data.dir="
                   f"{digits_dir},train.steps_per_epoch=5", tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    # on the run just trained, one fine-tuning epoch (its 5 steps): the cheapest prune there is
+    pruned = run(f"tftrain prune -v 1 --model_dir={run_dir} --epochs=1", tmp_path)
     quantized = run(f"tftrain quantize -v 1 --model_dir={run_dir} --mode=dynamic", tmp_path)
-    assert trained.returncode == 0 and quantized.returncode == 0, quantized.stderr[-2000:]
+    assert pruned.returncode == 0, pruned.stderr[-2000:]
+    assert quantized.returncode == 0, quantized.stderr[-2000:]
     shown = chatter(trained.stdout + trained.stderr + quantized.stdout + quantized.stderr)
     for expected in ("Sharding callback duration", "Writing fingerprint", "Using new converter",
                      "No training configuration found"):
         assert any(expected in line for line in shown), f"-v 1 hides {expected!r}"
+    shown_by_prune = chatter(pruned.stdout + pruned.stderr)
+    for expected in ("Sharding callback duration", "Writing fingerprint", "Found untraced",
+                     "Using new converter", "No training configuration found"):
+        assert any(expected in line for line in shown_by_prune), f"prune -v 1 hides {expected!r}"
