@@ -468,7 +468,8 @@ def check_task(config: Config) -> None:
 
 
 def profile_steps(text: str) -> tuple[int, int] | None:
-    """`train.profile_steps` ("start,end", 1-based steps of the first epoch) as a pair, or None."""
+    """`train.profile_steps` ("start,end") as a pair, or None: 1-based batches counted from the
+    start of the attempt's `fit`, across epochs (a resumed run counts from its own start)."""
     if not text:
         return None
     parts = text.split(",")
@@ -478,7 +479,7 @@ def profile_steps(text: str) -> tuple[int, int] | None:
         start = end = 0
     if not 0 < start <= end:
         raise ConfigError(f"train.profile_steps={text!r}: write 'start,end' with 0 < start <= end, "
-                          "e.g. '10,20' (steps of the first epoch)")
+                          "e.g. '10,20' (batches counted from the start of fit, across epochs)")
     return start, end
 
 
