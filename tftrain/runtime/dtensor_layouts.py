@@ -7,7 +7,8 @@ tf-keras's `LayoutMap` uses) to a sharding spec with one entry per weight dimens
 `unsharded` or a mesh dimension name: `{"dense.*kernel": "unsharded,model"}`.
 
 Rules are tried in order, the user's (`runtime.layout_rules`) before the model's defaults; the
-first rule whose regex matches the start of a path decides that weight. Weights that no rule
+first rule whose regex matches the start of a path decides that weight (a default rule whose
+spec does not fit the weight's shape gives way to the next one that does). Weights that no rule
 matches are replicated. This module does not import TensorFlow: the config is checked with it
 before TensorFlow starts, and the rules are resolved against the weights of a built model.
 """
@@ -34,13 +35,32 @@ CONV_LAYERS = ("Conv1D", "Conv2D", "Conv3D", "Conv1DTranspose", "Conv2DTranspose
 # (column parallel: kernel [in, out/model], bias [out/model]); the logits layer is split by its
 # input units (row parallel), so the number of classes need not divide the mesh. Conv and
 # BatchNormalization weights stay replicated (see CONV_LAYERS); Embedding tables split by width.
-DEFAULT_RULES: dict[str, dict[str, str]] = {
+DEFAULT_RULES: dict[str, dict[str, str | list[str]]] = {
     "mlp": {r"dense(_\d+)?\.kernel$": "unsharded,model", r"dense(_\d+)?\.bias$": "model",
             r"logits\.kernel$": "model,unsharded"},
     "cnn": {r"dense(_\d+)?\.kernel$": "unsharded,model", r"dense(_\d+)?\.bias$": "model",
             r"logits\.kernel$": "model,unsharded"},
     "resnet": {r"logits\.kernel$": "model,unsharded"},
 }
+# Megatron-style rules for the Transformers (tftrain.models.transformer). Each block needs two
+# all-reduces over `model` and no more: attention's query/key/value kernels [width, heads,
+# head_width] are split by heads (each device attends with its own heads), the output projection
+# [heads, head_width, width] by its input (heads) dimension; the MLP's first kernel by columns,
+# its second by rows. Embeddings are split by width. A default rule may list specs: the first
+# that fits the weight decides (`resolve`).
+_TRANSFORMER_RULES = {
+    r"block_\d+_attention\._(query|key|value)_dense\.kernel$": "unsharded,model,unsharded",
+    r"block_\d+_attention\._(query|key|value)_dense\.bias$": "model,unsharded",
+    r"block_\d+_attention\._output_dense\.kernel$": "model,unsharded,unsharded",
+    r"block_\d+_mlp_in\.kernel$": "unsharded,model",
+    r"block_\d+_mlp_in\.bias$": "model",
+    r"block_\d+_mlp_out\.kernel$": "model,unsharded",
+    r"(token|position)_embedding\.embeddings$": "unsharded,model",
+    # by vocabulary (or classes) if it divides by `model`, else by the input width
+    r"logits\.kernel$": ["unsharded,model", "model,unsharded"],
+    r"logits\.bias$": ["model", "unsharded"],
+}
+DEFAULT_RULES["transformer"] = DEFAULT_RULES["transformer_lm"] = _TRANSFORMER_RULES
 GENERIC_RULES = {  # for user models (package.module:function)
     r"dense(_\d+)?\.kernel$": "unsharded,model", r"dense(_\d+)?\.bias$": "model",
     r"embedding(_\d+)?\.embeddings$": "unsharded,model",
@@ -140,10 +160,17 @@ def make_rules(model_name: str, user_rules: dict, mesh: dict[str, int]) -> list[
             raise ConfigError(f"{where}: {pattern!r} is not a valid regex ({e})") from None
         rules.append(Rule(pattern, parse_spec(text, mesh, where), "runtime.layout_rules"))
     defaults = DEFAULT_RULES.get(model_name, GENERIC_RULES)
-    for pattern, text in defaults.items():
-        rules.append(Rule(pattern, parse_spec(text, mesh, "default rules"),
-                          f"default rules of model {model_name!r}"))
+    for pattern, texts in defaults.items():
+        for text in [texts] if isinstance(texts, str) else texts:
+            rules.append(Rule(pattern, parse_spec(text, mesh, "default rules"),
+                              f"default rules of model {model_name!r}"))
     return rules
+
+
+def _fits(weight: Weight, spec: tuple, mesh: dict[str, int]) -> bool:
+    """Whether `spec` has the weight's rank and every sharded dimension divides."""
+    return len(spec) == len(weight.shape) and all(
+        part == UNSHARDED or int(dim) % mesh[part] == 0 for dim, part in zip(weight.shape, spec))
 
 
 def check_config(config) -> None:
@@ -175,6 +202,8 @@ def check_config(config) -> None:
 def resolve(weights: Iterable[Weight], rules: list[Rule], mesh: dict[str, int]) -> dict[str, tuple]:
     """Decides the sharding spec of every weight; returns {path: spec} for the sharded ones.
 
+    A default rule whose spec does not fit a weight (rank, divisibility) gives way to the next
+    matching rule that fits.
     Raises ConfigError naming the rule and the weight when a user rule matches no weight, when a
     spec's length differs from the weight's rank, when a sharded dimension does not divide by its
     mesh dimension, or when a rule shards a convolution (impossible in DTensor on TF 2.21).
@@ -183,7 +212,11 @@ def resolve(weights: Iterable[Weight], rules: list[Rule], mesh: dict[str, int]) 
     used = set()
     plan: dict[str, tuple] = {}
     for weight in weights:
-        rule = next((r for r in rules if re.match(r.pattern, weight.path)), None)
+        # A default rule that does not fit the weight gives way to the next matching rule that
+        # does; when none does, the first matching rule decides (and its error is raised).
+        matching = [r for r in rules if re.match(r.pattern, weight.path)]
+        rule = next((r for r in matching if r.source == "runtime.layout_rules"
+                     or _fits(weight, r.spec, mesh)), matching[0] if matching else None)
         if rule is None:
             continue
         used.add(rule)
