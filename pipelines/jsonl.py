@@ -1,15 +1,18 @@
 """Text classification from JSON Lines: one `{"text": "...", "label": ...}` object per line.
 
-`prepare` reads the source once, counts words and keeps the `vocab_size - 2` most frequent ones
-(ties broken alphabetically) as the vocabulary, stored in the manifest's `info` with the
-tokenizer settings, so the dataset carries everything its training side needs. The records keep
-the raw text (`text`) and the class id (`label`).
+Tokenizing is `tf_keras.layers.TextVectorization`'s: `prepare` adapts one over the texts of the
+training split (rows whose source split, or default split, is `train`; a `--splits` re-split
+is not known to `prepare`, so its vocabulary still comes from the default training rows) and
+stores its vocabulary and settings in the manifest's `info` (`tokenizer`, `standardize`,
+`vocabulary`, `vocab_size`, `max_length`). `decode` builds the same layer from that
+vocabulary, so training, evaluation and the export (`text_inputs`, the export's raw-string
+signature) map a text to exactly the same ids: 0 = padding, 1 = out-of-vocabulary, words from
+2, padded or truncated to `max_length`, returning `(int32 ids [batch, max_length], int32
+label)`. The records keep the raw text (`text`) and the class id (`label`).
 
-Tokenizing (the same in Python at conversion time and in TensorFlow ops at training time):
-lowercase (unless `lowercase=false`), ASCII punctuation -> space, split on ASCII whitespace.
-`decode` maps each word to its id with a `tf.lookup.StaticHashTable` (0 = padding,
-1 = out-of-vocabulary, words from 2) and pads or truncates to `max_length`, returning
-`(int32 ids [batch, max_length], int32 label)`: ready for `Embedding` -> pooling -> `Dense`.
+Standardize: `lower_and_strip_punctuation` (or `strip_punctuation` with `lowercase=false`),
+then a split on whitespace. Datasets converted before (their `info` has no `tokenizer`) keep
+their own rule, ASCII punctuation replaced by a space, so their ids do not change.
 
 Labels: integers are class ids (`num_classes` = max + 1); strings are class names, mapped to
 ids in sorted order (`info["class_names"]`).
@@ -20,35 +23,103 @@ Bad rows: invalid JSON, not an object, missing/empty/non-string text, missing la
 of the wrong type.
 
 A source is one .jsonl file, a glob, or a directory of them; files named `train*.jsonl`,
-`validation*.jsonl`, `test*.jsonl` keep those source splits.
+`validation*.jsonl`, `test*.jsonl` keep those source splits. With no source (`--input` not
+given), the embedded default: Unicode character names (Python's `unicodedata`, no network),
+600 of each major general category, `{"text": "LATIN SMALL LETTER A", "label": "letter"}`,
+5 classes: letter, mark, number, punctuation, symbol.
 """
 from __future__ import annotations
 
 import json
 import posixpath
-import re
-from collections import Counter
 
 from pipelines.base import BasePipeline, Row
-from pipelines.lookup import TableCache
 from pipelines.options import check_known, get_bool, get_int, get_str
 from pipelines.sources import list_files, source_splits
 from tftrain.data import example_bytes
+from tftrain.data.splits import assign_split
 from tftrain.errors import BadRow, ConfigError
 
 OPTIONS = ("text_key", "label_key", "vocab_size", "max_length", "lowercase")
 EXTENSIONS = (".jsonl", ".ndjson")
 PAD_ID, OOV_ID, FIRST_WORD_ID = 0, 1, 2
-# ASCII punctuation; the same pattern in Python's `re` and TensorFlow's RE2.
-PUNCTUATION = r"[!-/:-@\[-`{-~]"
-_WHITESPACE = re.compile(r"[ \t\n\v\f\r]+")
+TOKENIZER = "TextVectorization"
+EMBEDDED = "unicodedata"
+EMBEDDED_CLASSES = {"L": "letter", "M": "mark", "N": "number", "P": "punctuation",
+                    "S": "symbol"}
+EMBEDDED_PER_CLASS = 600
+# The rule of datasets converted before TextVectorization: ASCII punctuation -> space.
+LEGACY_PUNCTUATION = r"[!-/:-@\[-`{-~]"
 
 
-def tokenize(text: str, lowercase: bool = True) -> list[str]:
-    """The words of `text`, exactly as `decode` splits them in TensorFlow."""
-    if lowercase:
-        text = text.lower()
-    return [w for w in _WHITESPACE.split(re.sub(PUNCTUATION, " ", text)) if w]
+def embedded_records() -> list[dict]:
+    """The embedded default: `EMBEDDED_PER_CLASS` named characters of each major Unicode
+    category, evenly spaced over the code points, as `{"text": name, "label": class}`."""
+    import unicodedata
+
+    found = {major: [] for major in EMBEDDED_CLASSES}
+    for code in range(0x110000):
+        name = unicodedata.name(chr(code), None)
+        major = unicodedata.category(chr(code))[0]
+        if name and major in found:
+            found[major].append(name)
+    records = []
+    for major, names in found.items():
+        step = len(names) / EMBEDDED_PER_CLASS
+        records += [{"text": names[int(i * step)], "label": EMBEDDED_CLASSES[major]}
+                    for i in range(min(EMBEDDED_PER_CLASS, len(names)))]
+    return records
+
+
+def _legacy_standardize(lowercase: bool):
+    """The standardize callable of datasets converted before TextVectorization."""
+    import tensorflow as tf
+
+    def standardize(text):
+        if lowercase:
+            text = tf.strings.lower(text, encoding="utf-8")
+        return tf.strings.regex_replace(text, LEGACY_PUNCTUATION, " ")
+
+    return standardize
+
+
+def vectorizer(info: dict, vocabulary: list[str] | None = None):
+    """The `TextVectorization` layer of a dataset's `info` (or, with `vocabulary`, of that one).
+
+    Built in the eager context (`tf.init_scope`), so a `tf.data` map function or a serving
+    signature being traced can create it and capture its lookup table.
+    """
+    import tensorflow as tf
+    import tf_keras as keras
+
+    if info.get("tokenizer") == TOKENIZER:
+        standardize = info["standardize"]
+    else:
+        standardize = _legacy_standardize(info.get("lowercase", True))
+    words = info["vocabulary"] if vocabulary is None else vocabulary
+    words = list(words) or [" "]  # an empty vocabulary: " " is never a word, all are OOV
+    with tf.init_scope():
+        return keras.layers.TextVectorization(
+            standardize=standardize, split="whitespace", output_mode="int",
+            output_sequence_length=int(info["max_length"]), vocabulary=words)
+
+
+class _Vectorizers:
+    """One layer per dataset vocabulary, built on first use and reused by every batch."""
+
+    def __init__(self):
+        self._layers = {}
+
+    def get(self, info: dict):
+        """The layer of `info`'s vocabulary."""
+        key = (info.get("tokenizer"), info.get("standardize"), info.get("lowercase", True),
+               int(info["max_length"]), tuple(info["vocabulary"]))
+        if key not in self._layers:
+            self._layers[key] = vectorizer(info)
+        return self._layers[key]
+
+    def __getstate__(self):  # layers do not cross process boundaries; workers rebuild them
+        return {"_layers": {}}
 
 
 class Pipeline(BasePipeline):
@@ -65,12 +136,17 @@ class Pipeline(BasePipeline):
         self.vocab_size = get_int(options, "vocab_size", 10_000, minimum=3)
         self.max_length = get_int(options, "max_length", 128, minimum=1)
         self.lowercase = get_bool(options, "lowercase", True)
-        self._tables = TableCache()
+        self._vectorizers = _Vectorizers()
 
     def _lines(self, source: str):
         """Yields (key, line, source split) for every non-blank line, streaming."""
         import tensorflow as tf
 
+        if not source:
+            for number, record in enumerate(embedded_records(), start=1):
+                record = {self.text_key: record["text"], self.label_key: record["label"]}
+                yield f"{EMBEDDED}:{number}", json.dumps(record), None
+            return
         paths = list_files(source, EXTENSIONS, "JSON Lines")
         for path, split in source_splits(paths).items():
             with tf.io.gfile.GFile(path, "r") as f:
@@ -101,30 +177,42 @@ class Pipeline(BasePipeline):
         return text, label
 
     def prepare(self, source):
-        words, int_labels, str_labels, rows = Counter(), set(), set(), 0
-        for _, line, _ in self._lines(source):
+        texts, int_labels, str_labels = [], set(), set()
+        for key, line, split in self._lines(source):
             try:
                 text, label = self._parse(line)
             except BadRow:
                 continue  # the converter records it when it meets it in `read`
             if isinstance(label, int) and label < 0:
                 continue  # not a class id: a bad row
-            rows += 1
-            words.update(tokenize(text, self.lowercase))
+            if (split or assign_split(key, self.default_splits)) == "train":
+                texts.append(text)
             (str_labels if isinstance(label, str) else int_labels).add(label)
-        if not rows:
+        if not (str_labels or int_labels):
             raise ConfigError(f"no valid {{{self.text_key!r}: ..., {self.label_key!r}: ...}} lines "
                               f"in {source!r}; set text_key=/label_key= if the keys differ.")
-        vocabulary = [w for w, _ in sorted(words.items(), key=lambda kv: (-kv[1], kv[0]))]
-        vocabulary = vocabulary[:self.vocab_size - FIRST_WORD_ID]
-        info = {"vocabulary": vocabulary, "vocab_size": len(vocabulary) + FIRST_WORD_ID,
-                "max_length": self.max_length, "lowercase": self.lowercase}
+        standardize = "lower_and_strip_punctuation" if self.lowercase else "strip_punctuation"
+        info = {"tokenizer": TOKENIZER, "standardize": standardize, "split": "whitespace",
+                "max_length": self.max_length, "lowercase": self.lowercase,
+                "source": source or EMBEDDED}
+        info["vocabulary"] = self._adapt(texts, info)
+        info["vocab_size"] = len(info["vocabulary"]) + FIRST_WORD_ID
         if len(str_labels) >= len(int_labels) and str_labels:
             info["class_names"] = sorted(str_labels)
             info["num_classes"] = len(str_labels)
         else:
             info["num_classes"] = max(int_labels) + 1
         return info
+
+    def _adapt(self, texts: list[str], info: dict) -> list[str]:
+        """The words of a `TextVectorization` adapted over `texts` (padding and OOV left out)."""
+        import tensorflow as tf
+
+        if not texts:
+            return []
+        layer = _adapting_layer(info, self.vocab_size)
+        layer.adapt(tf.data.Dataset.from_tensor_slices(texts).batch(1024))
+        return [str(word) for word in layer.get_vocabulary()[FIRST_WORD_ID:]]
 
     def read(self, source, info, worker=0, num_workers=1):
         for index, (key, line, split) in enumerate(self._lines(source)):
@@ -146,14 +234,23 @@ class Pipeline(BasePipeline):
         return example_bytes.example({"text": example_bytes.bytes_feature(text),
                                       "label": example_bytes.int64_feature(label)})
 
+    def text_inputs(self, texts, info):
+        """The model's inputs for a batch of raw strings `texts` [batch]: int32 token ids
+        [batch, max_length], exactly as `decode` gives them (the export's raw-text signature)."""
+        import tensorflow as tf
+
+        return tf.cast(self._vectorizers.get(info)(texts), tf.int32)
+
     def decode(self, features, info):
         import tensorflow as tf
 
-        text = features["text"]
-        if info.get("lowercase", True):
-            text = tf.strings.lower(text, encoding="utf-8")
-        words = tf.strings.split(tf.strings.regex_replace(text, PUNCTUATION, " "))
-        table = self._tables.get("vocabulary", info["vocabulary"], FIRST_WORD_ID, OOV_ID)
-        ids = tf.ragged.map_flat_values(table.lookup, words)
-        ids = ids.to_tensor(default_value=PAD_ID, shape=[None, info["max_length"]])
-        return tf.cast(ids, tf.int32), tf.cast(features["label"], tf.int32)
+        return self.text_inputs(features["text"], info), tf.cast(features["label"], tf.int32)
+
+
+def _adapting_layer(info: dict, vocab_size: int):
+    """A fresh `TextVectorization` with `info`'s settings, to adapt (`vocab_size` ids in all)."""
+    import tf_keras as keras
+
+    return keras.layers.TextVectorization(
+        max_tokens=vocab_size, standardize=info["standardize"], split="whitespace",
+        output_mode="int", output_sequence_length=int(info["max_length"]))

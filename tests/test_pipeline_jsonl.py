@@ -1,13 +1,16 @@
-"""jsonl: vocabulary built at conversion time, TF-side tokenization, bad lines, trainable ids."""
+"""jsonl: a TextVectorization vocabulary adapted at conversion time over the training split,
+the same layer at decode time, old datasets' tokenization kept, bad lines, trainable ids."""
 import json
+import re
 
 import numpy as np
 import pytest
 import tf_keras as keras
 
 from pipelines import Row, load_pipeline
-from pipelines.jsonl import FIRST_WORD_ID, OOV_ID, tokenize
+from pipelines.jsonl import FIRST_WORD_ID, OOV_ID
 from tests.pipeline_testutil import assert_trains, bad_row_reason, convert, load_all
+from tftrain.data.splits import assign_split
 from tftrain.errors import ConfigError
 
 GOOD = ["great", "good", "lovely", "fine"]
@@ -36,26 +39,61 @@ def write_jsonl(path, records, extra_lines=()):
     return path
 
 
-def test_vocabulary_in_info_and_ids_match_python_tokenization(tmp_path):
-    records = make_lines(40) + [{"text": "Hello, WORLD!\tIt's the café-time... GREAT", "label": "pos"}]
+def adapted_vocabulary(texts, vocab_size, max_length):
+    """What TextVectorization adapts to over `texts` (padding and OOV left out)."""
+    layer = keras.layers.TextVectorization(max_tokens=vocab_size,
+                                           output_sequence_length=max_length)
+    layer.adapt(texts)
+    return layer.get_vocabulary()[FIRST_WORD_ID:]
+
+
+def test_vocabulary_is_textvectorizations_over_the_training_split(tmp_path):
+    records = make_lines(40) + [{"text": "Hello, WORLD!\tIt's the café-time... GREAT",
+                                 "label": "pos"}]
     src = write_jsonl(tmp_path / "reviews.jsonl", records)
     manifest = convert("jsonl", src, tmp_path / "out", splits={"train": 1.0}, num_shards=1,
                        vocab_size=12, max_length=6)
     info = manifest["info"]
     assert info["class_names"] == ["neg", "pos"] and info["num_classes"] == 2
     assert info["vocab_size"] == 12 and len(info["vocabulary"]) == 10 and info["max_length"] == 6
+    assert info["tokenizer"] == "TextVectorization"
+    assert info["standardize"] == "lower_and_strip_punctuation"
     assert manifest["features"] == {"text": {"dtype": "string", "shape": []},
                                     "label": {"dtype": "int64", "shape": []}}
-    assert tokenize("Hello, WORLD!\tIt's the café-time... GREAT") == \
-        ["hello", "world", "it", "s", "the", "café", "time", "great"]
+    # adapted over the default training split's rows (prepare does not see --splits)
+    train_texts = [r["text"] for i, r in enumerate(records, start=1)
+                   if assign_split(f"reviews.jsonl:{i}", {"train": 0.8, "validation": 0.1,
+                                                           "test": 0.1}) == "train"]
+    assert 0 < len(train_texts) < len(records)
+    assert info["vocabulary"] == adapted_vocabulary(train_texts, 12, 6)
 
     ids, labels = load_all(tmp_path / "out", "train")
     assert ids.shape == (41, 6) and ids.dtype == np.int32
+    layer = keras.layers.TextVectorization(vocabulary=info["vocabulary"],
+                                           output_sequence_length=6)
+    assert ids.tolist() == layer([r["text"] for r in records]).numpy().tolist()  # file order
     index = {word: FIRST_WORD_ID + i for i, word in enumerate(info["vocabulary"])}
-    for got, record in zip(ids, records):  # one shard, one worker: file order
-        expected = [index.get(w, OOV_ID) for w in tokenize(record["text"])][:6]
-        assert got.tolist() == expected + [0] * (6 - len(expected))
+    words = ["hello", "world", "its", "the", "cafétime", "great"]  # punctuation stripped
+    assert ids[-1].tolist() == [index.get(w, OOV_ID) for w in words]
     assert labels.tolist() == [info["class_names"].index(r["label"]) for r in records]
+
+
+def test_datasets_converted_before_keep_their_tokenization(tmp_path):
+    """An info without `tokenizer` (the hand-written word lookup's) decodes as it did:
+    lowercase, ASCII punctuation -> space, whitespace split, its own vocabulary."""
+    import tensorflow as tf
+
+    info = {"vocabulary": ["it", "s", "café", "time", "great"], "vocab_size": 7,
+            "max_length": 8, "lowercase": True, "num_classes": 2}
+    text = "It's the café-time... GREAT"
+    ids, label = load_pipeline("jsonl").decode(
+        {"text": tf.constant([text]), "label": tf.constant([1], tf.int64)}, info)
+    words = re.sub(r"[!-/:-@\[-`{-~]", " ", text.lower()).split()
+    index = {word: FIRST_WORD_ID + i for i, word in enumerate(info["vocabulary"])}
+    expected = [index.get(w, OOV_ID) for w in words]
+    assert ids.dtype == tf.int32 and label.numpy().tolist() == [1]
+    assert ids.numpy().tolist() == [expected + [0] * (8 - len(expected))]
+    assert expected == [2, 3, 1, 4, 5, 6]
 
 
 def test_bad_lines_are_skipped_with_reasons(tmp_path):

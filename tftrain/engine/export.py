@@ -18,6 +18,9 @@ Signatures (TF Serving's Predict API takes any of them, its Classify API the `cl
   `tf_keras.models.load_model` and tensor clients use.
 - `serving_examples`: `examples`, a string [None] of serialized `tf.train.Example`s with the
   dataset's features -> `logits`, `probabilities`, `class_ids` (int64) and `classes` (class names).
+- `serving_text`, for a pipeline that tokenizes raw text (`pipeline.text_inputs`, e.g. jsonl):
+  `text`, a string [None] of raw texts -> the outputs of `serving_examples`; the tokenizer
+  (its vocabulary from the dataset's manifest) is part of the SavedModel.
 - `classify`: `inputs` (serialized Examples) -> `classes` (string [None, K], the class names)
   and `scores` (float32 [None, K]): the names TF Serving's Classify API reads. TF2 SavedModels
   write every signature with the predict method name, which TF Serving accepts unless it runs
@@ -43,6 +46,7 @@ from tftrain.fileio import join, remove
 
 SAVED_MODEL = "saved_model.pb"
 EXAMPLES_SIGNATURE = "serving_examples"
+TEXT_SIGNATURE = "serving_text"
 CLASSIFY_SIGNATURE = "classify"
 # What a SavedModel written straight into export/ (earlier tftrain versions) holds there.
 _SAVED_MODEL_ENTRIES = {SAVED_MODEL, "saved_model.pbtxt", "keras_metadata.pb", "fingerprint.pb",
@@ -136,17 +140,21 @@ def tensor_signature(model):
 
 
 def example_signatures(model, data, manifest: dict) -> tuple[dict, list]:
-    """`serving_examples` and, for a classifier (one [batch, K] output, a dataset with
-    `num_classes`), `classify` (see the module docstring), traced; and the pipeline's resources
-    (lookup tables) they capture."""
+    """`serving_examples`, `serving_text` for a pipeline with `text_inputs`, and, for a
+    classifier (one [batch, K] output, a dataset with `num_classes`), `classify` (see the
+    module docstring), traced; and the pipeline's resources (lookup tables, tokenizer layers)
+    they capture."""
     source = foreign.load_kwargs(data)  # the pipeline, options, info and schema of reader.load
     info = manifest.get("info", {})
     pipeline = load_pipeline(source.get("pipeline") or manifest["pipeline"],
                              **source.get("pipeline_options", {}))
     spec = example_spec(manifest.get("features") or pipeline.features(info), pipeline, info)
 
-    def logits_and_names(serialized):
-        inputs, _ = pipeline.decode(tf.io.parse_example(serialized, spec), info)
+    def logits_and_names(serialized, texts=None):
+        if texts is None:
+            inputs, _ = pipeline.decode(tf.io.parse_example(serialized, spec), info)
+        else:
+            inputs = pipeline.text_inputs(texts, info)
         outputs = _named_outputs(model, inputs)
         logits = next(iter(outputs.values())) if len(outputs) == 1 else None
         if logits is None or logits.shape.rank != 2 or not info.get("num_classes"):
@@ -159,12 +167,12 @@ def example_signatures(model, data, manifest: dict) -> tuple[dict, list]:
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")],
                  autograph=False)
     def serve_examples(examples):
-        logits, names = logits_and_names(examples)
-        if names is None:  # not a classifier: the model's own outputs
-            return logits
-        class_ids = tf.argmax(logits, axis=-1)
-        return {"logits": logits, "probabilities": tf.nn.softmax(logits), "class_ids": class_ids,
-                "classes": tf.gather(names, class_ids)}
+        return predictions(*logits_and_names(examples))
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="text")],
+                 autograph=False)
+    def serve_text(text):
+        return predictions(*logits_and_names(None, texts=text))
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="inputs")],
                  autograph=False)
@@ -174,9 +182,21 @@ def example_signatures(model, data, manifest: dict) -> tuple[dict, list]:
                 "scores": tf.nn.softmax(logits)}
 
     signatures = {EXAMPLES_SIGNATURE: serve_examples.get_concrete_function()}
+    if callable(getattr(pipeline, "text_inputs", None)):
+        signatures[TEXT_SIGNATURE] = serve_text.get_concrete_function()
     if "class_ids" in signatures[EXAMPLES_SIGNATURE].structured_outputs:
         signatures[CLASSIFY_SIGNATURE] = classify.get_concrete_function()
     return signatures, _resources(pipeline)
+
+
+def predictions(logits, names):
+    """A classifier's serving outputs for its `logits` and class `names` (None: not a
+    classifier, whose outputs are returned as they are)."""
+    if names is None:
+        return logits
+    class_ids = tf.argmax(logits, axis=-1)
+    return {"logits": logits, "probabilities": tf.nn.softmax(logits), "class_ids": class_ids,
+            "classes": tf.gather(names, class_ids)}
 
 
 def _named_outputs(model, *args, **kwargs) -> dict:
