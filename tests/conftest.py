@@ -59,7 +59,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # collection order (`--dist loadfile`), so a long file collected late keeps one process busy
 # alone at the end (the make demo test did, for ~5 of 23 minutes).
 LONGEST_FIRST = ("test_documented_commands.py", "test_multiworker.py", "test_launch_restarts.py",
-                 "test_fault_injection.py", "test_wheel.py", "test_dtensor.py")
+                 "test_fault_injection.py", "test_wheel.py", "test_dtensor.py", "test_check.py",
+                 "test_dtensor_transformer.py", "test_applications.py", "test_language_model.py")
 
 
 def pytest_collection_modifyitems(config, items):
