@@ -203,9 +203,10 @@ def test_non_image_inputs_and_weights_that_do_not_fit_are_one_line(pretrained_h5
 
 def test_train_command_stops_on_an_unknown_backbone_with_one_line(cli, digits_dir, tmp_path,
                                                                   capsys):
-    override = f"data.dir={digits_dir},model.name=application,"
-    override += "model.params={backbone: MobileNetV9}"
-    code = cli("train", f"--model_dir={tmp_path / 'run'}", f"--params_override={override}")
+    # The shipped fine-tuning config, with its backbone misspelled.
+    override = f"data.dir={digits_dir},model.params.backbone=MobileNetV9"
+    code = cli("train", "--config=finetune", f"--model_dir={tmp_path / 'run'}",
+               f"--params_override={override}")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and "Traceback" not in "\n".join(err)
     assert [line for line in err if "MobileNetV9" in line] == [err[-1]]
