@@ -47,9 +47,8 @@ def use_xla(jit_compile: str) -> bool:
     return jit_compile == "true"
 
 
-def build_plain_model(config: config_lib.Config, manifest: dict) -> keras.Model:
-    """The model of `model.name` with the task's head, for the dataset of `manifest`."""
-    task = tasks.from_config(config, manifest)
+def build_plain_model(config: config_lib.Config, manifest: dict, task) -> keras.Model:
+    """The model of `model.name` with `task`'s head, for the dataset of `manifest`."""
     return models.build_model(config.model.name, config.model.params, input_shape(config.data),
                               task.outputs(), dataset_info=manifest.get("info"))
 
@@ -73,7 +72,7 @@ def build_and_compile(config: config_lib.Config, manifest: dict, plan,
     """
     compile_kwargs.setdefault("jit_compile", use_xla(config.runtime.jit_compile))
     task = tasks.from_config(config, manifest)
-    model = build_plain_model(config, manifest)
+    model = build_plain_model(config, manifest, task)
     trainer = grad_accum.wrap(model, config.train.grad_accum_steps)
     trainer.compile(
         optimizer=optimizers.make_optimizer(config.train, plan.steps_per_epoch, plan.total_steps),
@@ -193,7 +192,7 @@ class DTensorBackend:
         """`(model, trainer)`: the ordinary model (the export), and its sharded twin compiled
         with a DTensor optimizer, starting from the same weights."""
         task = tasks.from_config(config, manifest)
-        model = build_plain_model(config, manifest)
+        model = build_plain_model(config, manifest, task)
         self._plan_layouts = self._dtensor.resolve_layouts(
             model, config.model.name, config.runtime.layout_rules, self.dims)
         sharded = self._dtensor.build_sharded(model, self.mesh, self._plan_layouts)
