@@ -29,6 +29,18 @@ def make_dataset(path: str, count: int = 56_000, num_shards: int = 16) -> dict:
                          overwrite=True, progress=False)
 
 
+def pixels(index: int) -> tuple[np.ndarray, int]:
+    """Image `index` (uint8 SIZExSIZEx3) and its label: its class sets the gradient's direction."""
+    rng = np.random.default_rng(index)
+    label = index % 10
+    angle = label * np.pi / 5
+    yy, xx = np.mgrid[0:SIZE, 0:SIZE] / SIZE
+    ramp = np.cos(angle) * xx + np.sin(angle) * yy
+    colour = rng.uniform(0.3, 1.0, size=3)
+    values = ramp[..., None] * colour * 200 + rng.normal(0, 12, (SIZE, SIZE, 3))
+    return np.clip(values, 0, 255).astype(np.uint8), label
+
+
 class Pipeline(BasePipeline):
     """`source`: the number of images to generate."""
 
@@ -46,14 +58,7 @@ class Pipeline(BasePipeline):
         return dict(IMAGE_FEATURES)
 
     def encode(self, row, info):
-        rng = np.random.default_rng(row.value)
-        label = row.value % 10
-        angle = label * np.pi / 5
-        yy, xx = np.mgrid[0:SIZE, 0:SIZE] / SIZE
-        ramp = np.cos(angle) * xx + np.sin(angle) * yy
-        colour = rng.uniform(0.3, 1.0, size=3)
-        pixels = ramp[..., None] * colour * 200 + rng.normal(0, 12, (SIZE, SIZE, 3))
-        image = np.clip(pixels, 0, 255).astype(np.uint8)
+        image, label = pixels(row.value)
         return png_example(image, label=label, text=str(label), filename=row.key)
 
     def decode(self, features, info):

@@ -1,15 +1,19 @@
 """The embedded default: scikit-learn's bundled handwritten digits (1,797 8x8 images, no network).
 
-Each image is stored as an 8x8 grayscale PNG with the standard image keys, so the digits
-dataset is read by exactly the same code as any image dataset. The source has no splits of its
-own; the converter assigns train/validation/test from each row's key.
+Each 8x8 grayscale image is stored with the standard image keys, so the digits dataset is read
+by exactly the same code as any image dataset: as raw pixels by default (`image_encoding=auto`:
+64 bytes, no decode at read time), or as a PNG with `image_encoding=keep` (or `png`; `jpeg`
+with `jpeg_quality`), see `pipelines.images`. The source has no splits of its own; the
+converter assigns train/validation/test from each row's key.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from pipelines.base import BasePipeline, Row
-from pipelines.images import IMAGE_FEATURES, decode_image_batch, png_example
+from pipelines.images import (ENCODING_OPTIONS, IMAGE_FEATURES, decode_image_batch,
+                              encoded_image_example, encoding_info, encoding_options)
+from pipelines.options import check_known
 
 SIZE = 8
 
@@ -20,9 +24,15 @@ class Pipeline(BasePipeline):
     name = "digits"
     default_splits = {"train": 0.8, "validation": 0.1, "test": 0.1}
 
+    def __init__(self, **options):
+        check_known(options, ENCODING_OPTIONS, self.name)
+        super().__init__(**options)
+        self.encoding = encoding_options(options, default="auto")
+
     def prepare(self, source):
         return {"num_classes": 10, "class_names": [str(d) for d in range(10)],
-                "image_size": [SIZE, SIZE, 1]}
+                "image_size": [SIZE, SIZE, 1],
+                **encoding_info(self.encoding, [SIZE, SIZE, 1])}
 
     def read(self, source, info, worker=0, num_workers=1):
         from sklearn.datasets import load_digits
@@ -39,7 +49,8 @@ class Pipeline(BasePipeline):
         pixels, label = row.value
         # sklearn's pixels are 0..16; stretch them to the full 8-bit range.
         image = np.clip(np.rint(pixels * (255.0 / 16.0)), 0, 255).astype(np.uint8)
-        return png_example(image, label=label, text=str(label), filename=row.key)
+        return encoded_image_example(info, pixels=image, label=label, text=str(label),
+                                     filename=row.key)
 
     def decode(self, features, info):
-        return decode_image_batch(features, SIZE, SIZE, channels=1)
+        return decode_image_batch(features, SIZE, SIZE, 1, info)

@@ -11,6 +11,10 @@ Options:
     image_size: decoded size at training time, `64` or `64x48` (height x width); default: the
         size of the first image, which suits folders of same-sized images.
     channels: 3 (RGB, default) or 1 (grayscale); decoding converts every image to it.
+    image_encoding: keep (default: the JPEG/PNG bytes as they are), raw (uint8 pixels at
+        image_size: no decode at read time), png or jpeg (re-encoded at image_size), auto (raw
+        up to 64x64x3, else keep); jpeg_quality: 1..100 (default 95), with jpeg only. See
+        `images.encoded_image_example`.
 """
 from __future__ import annotations
 
@@ -19,13 +23,14 @@ import posixpath
 from absl import logging
 
 from pipelines.base import BasePipeline, Row
-from pipelines.images import IMAGE_FEATURES, decode_image_batch, image_example, probe_image
+from pipelines.images import (ENCODING_OPTIONS, IMAGE_FEATURES, decode_image_batch,
+                              encoded_image_example, encoding_info, encoding_options, probe_image)
 from pipelines.options import check_known, get_int, get_size
 from pipelines.sources import SPLIT_NAMES
 from tftrain.errors import BadRow, ConfigError
 
 EXTENSIONS = (".jpg", ".jpeg", ".png")
-OPTIONS = ("image_size", "channels")
+OPTIONS = ("image_size", "channels", *ENCODING_OPTIONS)
 
 
 def _subdirs(path: str) -> list[str]:
@@ -48,6 +53,7 @@ class Pipeline(BasePipeline):
         self.channels = get_int(options, "channels", 3)
         if self.channels not in (1, 3):
             raise ConfigError(f"pipeline option channels={self.channels} must be 1 or 3.")
+        self.encoding = encoding_options(options)
 
     def _layout(self, source: str) -> dict[str | None, str]:
         """Source split (or None) -> the directory that holds its class folders."""
@@ -74,9 +80,10 @@ class Pipeline(BasePipeline):
             raise ConfigError(f"image_folder input {source!r} has no class subdirectories; expected "
                               "<input>/<class>/<image>.jpg (optionally under train/, validation/, test/).")
         size = self.image_size or self._first_image_size(layout, class_names)
+        image_size = [size[0], size[1], self.channels]
         return {"class_names": class_names, "num_classes": len(class_names),
-                "image_size": [size[0], size[1], self.channels],
-                "source_splits": sorted(s for s in layout if s) or None}
+                "image_size": image_size, "source_splits": sorted(s for s in layout if s) or None,
+                **encoding_info(self.encoding, image_size)}
 
     def _first_image_size(self, layout, class_names) -> tuple[int, int]:
         """The height and width of the first readable image, for folders of same-sized images."""
@@ -121,15 +128,13 @@ class Pipeline(BasePipeline):
 
     def encode(self, row, info):
         path, label = row.value
-        encoded = self._read_bytes(path)
-        image_format, height, width = probe_image(encoded)
-        return image_example(encoded=encoded, image_format=image_format, height=height, width=width,
-                             label=label, text=info["class_names"][label], filename=row.key)
+        return encoded_image_example(info, data=self._read_bytes(path), label=label,
+                                     text=info["class_names"][label], filename=row.key)
 
     def decode(self, features, info):
         height, width = self.image_size or info.get("image_size", [224, 224])[:2]
         channels = self.channels if "channels" in self.options else info.get("image_size", [0, 0, 3])[2]
-        return decode_image_batch(features, height, width, channels)
+        return decode_image_batch(features, height, width, channels, info)
 
 
 def _isdir(path: str) -> bool:

@@ -3,6 +3,11 @@
 Keys: image/encoded, image/format, image/height, image/width, image/class/label,
 image/class/text, image/filename — the layout other TF tooling (TFDS, Model Garden, TF Object
 Detection) reads, so the shards interoperate.
+
+How the pixels are stored is the `image_encoding` pipeline option (see `encoding_options`):
+`keep` the source's JPEG/PNG bytes, `raw` uint8 pixels at the training size (read without any
+decode), `png` or `jpeg` re-encoded at the training size. The manifest's `info` records it, and
+`decode_image_batch` reads each accordingly.
 """
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import struct
 import zlib
 
 from tftrain.data import example_bytes
-from tftrain.errors import BadRow
+from tftrain.errors import BadRow, ConfigError
 
 # A "default" marks a key that other TF tooling does not always write: a foreign TFRecord
 # without it still parses (see `tftrain.data.reader.parse_spec`).
@@ -50,13 +55,131 @@ def png_example(pixels, *, label: int, text: str, filename: str) -> bytes:
                          width=pixels.shape[1], label=label, text=text, filename=filename)
 
 
-def decode_image_batch(features: dict, height: int, width: int, channels: int):
-    """Decodes a batch of encoded images to float32 in [0, 1], resized to height x width.
+ENCODINGS = ("keep", "raw", "png", "jpeg", "auto")
+ENCODING_OPTIONS = ("image_encoding", "jpeg_quality")
+DEFAULT_JPEG_QUALITY = 95
+# `auto` stores raw pixels up to this many bytes per image (64x64x3), else keeps the source's
+# bytes: measured by bench/image_encoding.py, raw reads ~3x faster than PNG at 32x32x3 for 2x
+# the bytes, while at 160x160x3 it is 9x the bytes of a JPEG for ~1.7x (see docs/pipelines.md).
+AUTO_RAW_MAX_BYTES = 64 * 64 * 3
+
+
+def encoding_options(options: dict, default: str = "keep") -> dict:
+    """The checked `image_encoding` and `jpeg_quality` pipeline options.
+
+    Returns `{"image_encoding": name}`, with `"jpeg_quality"` for jpeg; `auto` is resolved later
+    by `encoding_info`, once the image size is known. Raises `ConfigError` for an unknown
+    encoding, a quality outside 1..100, or a quality without jpeg.
+    """
+    from pipelines.options import get_int
+
+    name = str(options.get("image_encoding") or default).strip().lower()
+    if name not in ENCODINGS:
+        raise ConfigError(f"pipeline option image_encoding={options.get('image_encoding')!r} must be "
+                          f"one of {', '.join(ENCODINGS)}.")
+    if "jpeg_quality" in options and name != "jpeg":
+        raise ConfigError(f"pipeline option jpeg_quality is only used with image_encoding=jpeg "
+                          f"(this conversion stores {name}).")
+    if name != "jpeg":
+        return {"image_encoding": name}
+    quality = get_int(options, "jpeg_quality", DEFAULT_JPEG_QUALITY)
+    if not 1 <= quality <= 100:
+        raise ConfigError(f"pipeline option jpeg_quality={quality} must be between 1 and 100.")
+    return {"image_encoding": name, "jpeg_quality": quality}
+
+
+def encoding_info(encoding: dict, image_size) -> dict:
+    """`encoding` (from `encoding_options`) with `auto` resolved for images of `image_size`
+    ([height, width, channels]): what the manifest's `info` records."""
+    if encoding["image_encoding"] != "auto":
+        return dict(encoding)
+    height, width, channels = image_size
+    return {"image_encoding": "raw" if height * width * channels <= AUTO_RAW_MAX_BYTES else "keep"}
+
+
+def encoded_image_example(info: dict, *, label: int, text: str, filename: str,
+                          data: bytes | None = None, pixels=None,
+                          probed: tuple[str, int, int] | None = None) -> bytes:
+    """A standard-keys Example of one image, stored as `info["image_encoding"]` says.
+
+    The image is either the source's encoded bytes `data` (checked with `probe_image`, so a
+    damaged file is a `BadRow` whatever the encoding; `probed`: its result when the caller has
+    it already) or a uint8 array `pixels` (HxW or HxWxC).
+    `keep` (also when `info` has no encoding) stores `data` as it is, and `pixels` as a PNG.
+    `raw`, `png` and `jpeg` store the pixels with `info["image_size"]`'s channels, resized to its
+    height and width (aspect kept and padded with black, like the reader's `resize_with_pad`)
+    when the image has another size: `raw` as uint8 bytes in height, width, channel order.
+    """
+    encoding = info.get("image_encoding", "keep")
+    if data is not None:
+        image_format, height, width = probed or probe_image(data)
+        if encoding == "keep":
+            return image_example(encoded=data, image_format=image_format, height=height,
+                                 width=width, label=label, text=text, filename=filename)
+        image = _decoded(data, image_format)
+    elif encoding == "keep":
+        return png_example(pixels, label=label, text=text, filename=filename)
+    else:
+        from PIL import Image
+
+        image = Image.fromarray(pixels[..., 0] if pixels.ndim == 3 and pixels.shape[2] == 1 else pixels)
+    image = _at_size(image, *info["image_size"])
+    if encoding == "raw":
+        encoded = image.tobytes()
+    else:
+        buffer = io.BytesIO()
+        image.save(buffer, format=encoding.upper(),
+                   **({"quality": info.get("jpeg_quality", DEFAULT_JPEG_QUALITY)}
+                      if encoding == "jpeg" else {}))
+        encoded = buffer.getvalue()
+    return image_example(encoded=encoded, image_format=encoding, height=image.height,
+                         width=image.width, label=label, text=text, filename=filename)
+
+
+def _decoded(data: bytes, image_format: str):
+    """The PIL image of checked JPEG/PNG bytes, its pixels loaded; damage is a BadRow."""
+    from PIL import Image
+
+    try:
+        image = Image.open(io.BytesIO(data), formats=[image_format.upper()])
+        image.load()
+    except Exception as e:  # PIL raises OSError, SyntaxError, ... for damaged pixel data
+        raise BadRow(f"cannot decode {image_format.upper()}: {type(e).__name__}: {e}") from None
+    return image
+
+
+def _at_size(image, height: int, width: int, channels: int):
+    """`image` with `channels` (L or RGB) and fitted into height x width as
+    `tf.image.resize_with_pad` fits it (same size and offsets; PIL's bilinear filter)."""
+    from PIL import Image
+
+    mode = "L" if channels == 1 else "RGB"
+    if image.mode != mode:
+        image = image.convert(mode)
+    if image.size == (width, height):
+        return image
+    ratio = max(image.width / width, image.height / height)
+    fitted_w, fitted_h = image.width / ratio, image.height / ratio
+    resized = image.resize((max(int(fitted_w), 1), max(int(fitted_h), 1)), Image.BILINEAR)
+    canvas = Image.new(mode, (width, height))
+    canvas.paste(resized, (max(int((width - fitted_w) / 2), 0), max(int((height - fitted_h) / 2), 0)))
+    return canvas
+
+
+def decode_image_batch(features: dict, height: int, width: int, channels: int,
+                       info: dict | None = None):
+    """Decodes a batch of stored images to float32 in [0, 1], resized to height x width.
 
     Returns `(images, labels)` with images shaped [batch, height, width, channels] and int32
-    labels. Decoding runs per image (JPEG/PNG are per-image formats) in a vectorized map.
+    labels. `info` (the manifest's) says how the images are stored: raw pixels
+    (`image_encoding=raw`, of shape `info["image_size"]`) are one `decode_raw` of the whole
+    batch; anything else (JPEG/PNG bytes, or no recorded encoding: older datasets, foreign
+    TFRecords) decodes per image (JPEG/PNG are per-image formats) in a vectorized map.
     """
     import tensorflow as tf
+
+    if (info or {}).get("image_encoding") == "raw":
+        return _decode_raw_batch(features, info["image_size"], height, width, channels)
 
     def decode(encoded):
         return tf.io.decode_image(encoded, channels=channels, expand_animations=False)
@@ -81,6 +204,25 @@ def decode_image_batch(features: dict, height: int, width: int, channels: int):
     images = images / 255.0
     labels = tf.cast(features["image/class/label"], tf.int32)
     return images, labels
+
+
+def _decode_raw_batch(features: dict, stored, height: int, width: int, channels: int):
+    """Raw uint8 pixels of the `stored` [height, width, channels] -> the decoded batch, with the
+    same ops as the JPEG/PNG path on images stored at size (so the values are identical)."""
+    import tensorflow as tf
+
+    stored_height, stored_width, stored_channels = stored
+    encoded = features["image/encoded"]
+    batch = encoded.shape[0] if encoded.shape[0] is not None else -1  # keep a static batch size
+    images = tf.reshape(tf.io.decode_raw(encoded, tf.uint8),
+                        [batch, stored_height, stored_width, stored_channels])
+    images = tf.cast(images, tf.float32)
+    if stored_channels != channels:  # read with other channels than converted: rare, vectorized
+        images = (tf.image.grayscale_to_rgb(images) if channels == 3
+                  else tf.round(tf.image.rgb_to_grayscale(images)))
+    if (stored_height, stored_width) != (height, width):
+        images = tf.image.resize_with_pad(images, height, width)
+    return images / 255.0, tf.cast(features["image/class/label"], tf.int32)
 
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -30,6 +30,7 @@ Options:
     values: auto (default), image or example.
     labels: image values: a CSV file of `key,label` rows, instead of labels in the keys.
     image_size, channels: image values, as for `image_folder` (default: the first image's size, 3).
+    image_encoding, jpeg_quality: image values, as for `image_folder` (default keep).
     label_key: Example values: the label feature.
     num_classes: Example values with an int64 label: the number of classes (default: the
         largest label among the first records + 1; a larger label later is a bad row).
@@ -44,13 +45,15 @@ import os
 from absl import logging
 
 from pipelines.base import BasePipeline, Row
-from pipelines.images import IMAGE_FEATURES, decode_image_batch, image_example, probe_image
+from pipelines.images import (ENCODING_OPTIONS, IMAGE_FEATURES, decode_image_batch,
+                              encoded_image_example, encoding_info, encoding_options, probe_image)
 from pipelines.options import check_known, get_int, get_size, get_str
 from pipelines.sources import SPLIT_NAMES
 from tftrain.errors import BadRow, ConfigError, DataError
 
-OPTIONS = ("values", "labels", "image_size", "channels", "label_key", "num_classes")
-MODE_OPTIONS = {"image": ("labels", "image_size", "channels"), "example": ("label_key", "num_classes")}
+OPTIONS = ("values", "labels", "image_size", "channels", *ENCODING_OPTIONS, "label_key", "num_classes")
+MODE_OPTIONS = {"image": ("labels", "image_size", "channels", *ENCODING_OPTIONS),
+                "example": ("label_key", "num_classes")}
 SAMPLE_RECORDS = 100  # values looked at to detect their kind and take the Example schema
 _DTYPES = {"bytes_list": "string", "float_list": "float32", "int64_list": "int64"}
 # Caffe's caffe.proto Datum: field number -> wire type (float_data may also be packed).
@@ -245,6 +248,7 @@ class Pipeline(BasePipeline):
         self.channels = get_int(options, "channels", 3)
         if self.channels not in (1, 3):
             raise ConfigError(f"pipeline option channels={self.channels} must be 1 or 3.")
+        self.encoding = encoding_options(options)
         self.label_key = get_str(options, "label_key")
         self.num_classes = get_int(options, "num_classes", minimum=1)
         self._ids = None  # label lookup, built once per process (see _label)
@@ -307,6 +311,7 @@ class Pipeline(BasePipeline):
         size = self.image_size or self._first_image_size(source, values)
         info.update(class_names=class_names, num_classes=len(class_names),
                     image_size=[size[0], size[1], self.channels])
+        info.update(encoding_info(self.encoding, info["image_size"]))
         return info
 
     @staticmethod
@@ -384,15 +389,15 @@ class Pipeline(BasePipeline):
         value = row.value
         if info["mode"] == "image":
             try:
-                image_format, height, width = probe_image(value)
+                probed = probe_image(value)
             except BadRow:
                 refusal = _refusal(value)
                 if refusal:
                     raise BadRow(f"the value {refusal}") from None
                 raise
             label = self._label(row, info)
-            return image_example(encoded=value, image_format=image_format, height=height, width=width,
-                                 label=label, text=info["class_names"][label], filename=row.key)
+            return encoded_image_example(info, data=value, probed=probed, label=label,
+                                         text=info["class_names"][label], filename=row.key)
         example = _parse_example(value)
         if example is None:
             raise BadRow(f"the value {_refusal(value) or 'is not a serialized tf.train.Example'}")
@@ -445,7 +450,7 @@ class Pipeline(BasePipeline):
         if info["mode"] == "image":
             height, width = self.image_size or info["image_size"][:2]
             channels = self.channels if "channels" in self.options else info["image_size"][2]
-            return decode_image_batch(features, height, width, channels)
+            return decode_image_batch(features, height, width, channels, info)
         from pipelines.tfds import Pipeline as TfdsPipeline
 
         return TfdsPipeline().decode(features, {"mode": "features", "label_key": info["label_key"]})

@@ -7,7 +7,8 @@ a dataset first with `tfds build NAME --data_dir=DIR`; tftrain never downloads a
 
 The source splits are kept. Image classification datasets (an `Image` feature and a
 `ClassLabel`, taken from `supervised_keys` or options `image_key`/`label_key`) are mapped to
-the standard image keys, with the encoded PNG/JPEG bytes kept as they are, and decode like
+the standard image keys, with the encoded PNG/JPEG bytes kept as they are (or stored as
+options `image_encoding`/`jpeg_quality` say, as for `image_folder`), and decode like
 `image_folder` (option `image_size`, default the dataset's fixed image size, or the first
 image's). Any other dataset keeps TFDS's own serialized features (nested names joined by `/`);
 its `decode` returns `(inputs, label)` with the label from `label_key` (default the supervised
@@ -25,11 +26,12 @@ import numpy as np
 from absl import logging
 
 from pipelines.base import BasePipeline, Row
-from pipelines.images import IMAGE_FEATURES, decode_image_batch, image_example, probe_image
+from pipelines.images import (ENCODING_OPTIONS, IMAGE_FEATURES, decode_image_batch,
+                              encoded_image_example, encoding_info, encoding_options, probe_image)
 from pipelines.options import check_known, get_int, get_size, get_str
 from tftrain.errors import BadRow, ConfigError
 
-OPTIONS = ("data_dir", "image_key", "label_key", "image_size", "channels")
+OPTIONS = ("data_dir", "image_key", "label_key", "image_size", "channels", *ENCODING_OPTIONS)
 
 
 def _schema_of(serialized_info: dict, prefix: str = "") -> dict[str, dict]:
@@ -68,6 +70,7 @@ class Pipeline(BasePipeline):
         self.label_key = get_str(options, "label_key")
         self.image_size = get_size(options, "image_size")
         self.channels = get_int(options, "channels")
+        self.encoding = encoding_options(options)
 
     def _builder(self, source: str):
         import tensorflow as tf
@@ -125,7 +128,12 @@ class Pipeline(BasePipeline):
             info.update(mode="image", image_key=image_key, image_size=[*(size or (0, 0)), channels])
             if size is None:
                 info["image_size"][:2] = self._first_image_size(info)
+            info.update(encoding_info(self.encoding, info["image_size"]))
         else:
+            given = [option for option in ENCODING_OPTIONS if option in self.options]
+            if given:
+                raise ConfigError(f"pipeline option(s) {', '.join(given)} are for image datasets; "
+                                  f"TFDS dataset {source!r} is not an image classification dataset.")
             info.update(mode="features", schema=_schema_of(features.get_serialized_info()))
         return info
 
@@ -178,14 +186,14 @@ class Pipeline(BasePipeline):
                 raise BadRow(f"missing feature(s) {', '.join(missing)}")
             return example
         encoded = self._image_bytes(example, info)
-        image_format, height, width = probe_image(encoded)
+        probed = probe_image(encoded)
         labels = example.features.feature[info["label_key"]].int64_list.value
         if not labels or not 0 <= labels[0] < info["num_classes"]:
             raise BadRow(f"label {list(labels)} in {info['label_key']!r} is not a class id")
         filenames = example.features.feature.get("image/filename")
         filename = filenames.bytes_list.value[0].decode() if filenames and filenames.bytes_list.value else row.key
-        return image_example(encoded=encoded, image_format=image_format, height=height, width=width,
-                             label=labels[0], text=info["class_names"][labels[0]], filename=filename)
+        return encoded_image_example(info, data=encoded, probed=probed, label=labels[0],
+                                     text=info["class_names"][labels[0]], filename=filename)
 
     def decode(self, features, info):
         import tensorflow as tf
@@ -193,7 +201,7 @@ class Pipeline(BasePipeline):
         if info["mode"] == "image":
             height, width, channels = info["image_size"]
             height, width = self.image_size or (height, width)
-            return decode_image_batch(features, height, width, self.channels or channels)
+            return decode_image_batch(features, height, width, self.channels or channels, info)
         inputs = dict(features)
         label = inputs.pop(info["label_key"], None) if info.get("label_key") else None
         if label is not None and label.dtype == tf.int64:

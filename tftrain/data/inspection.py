@@ -72,7 +72,10 @@ def describe(data_dir: str) -> str:
     nbytes = sum(sh["bytes"] for s in splits.values() for sh in s["shards"])
     lines = [f"dataset {data_dir}: {total:,} examples, {_size(nbytes)} "
              f"(pipeline {manifest['pipeline']}, tftrain {manifest.get('tool_version', '?')})",
-             f"source: {manifest.get('source') or '(embedded)'}", "features:"]
+             f"source: {manifest.get('source') or '(embedded)'}"]
+    if "image/encoded" in manifest["features"]:
+        lines.append(f"images: {image_encoding(manifest.get('info', {}))}")
+    lines.append("features:")
     width = max(map(len, manifest["features"]), default=0)
     for name, feature in sorted(manifest["features"].items()):
         extra = " (variable length)" if feature.get("varlen") else ""
@@ -87,6 +90,21 @@ def describe(data_dir: str) -> str:
                  + (f" (listed in {join(data_dir, bad['file'])})" if bad.get("file") else ""))
     lines += _label_table(data_dir, manifest)
     return "\n".join(lines)
+
+
+def image_encoding(info: dict) -> str:
+    """How a dataset's images are stored, as `describe` shows it (from `info["image_encoding"]`)."""
+    encoding = info.get("image_encoding")
+    size = "x".join(map(str, info.get("image_size", []))) or "?"
+    if encoding == "raw":
+        return f"raw uint8 pixels, {size} (read without decoding)"
+    if encoding == "png":
+        return f"png, re-encoded at {size} (lossless)"
+    if encoding == "jpeg":
+        return f"jpeg, re-encoded at {size}, quality {info.get('jpeg_quality', '?')}"
+    if encoding == "keep":
+        return f"keep: JPEG/PNG bytes as in the source (an array source: PNG), decoded to {size}"
+    return "encoded bytes (image_encoding not recorded; decoded per image)"
 
 
 def _label_table(data_dir: str, manifest: dict) -> list[str]:
