@@ -197,10 +197,9 @@ class DTensorBackend:
             model, config.model.name, config.runtime.layout_rules, self.dims)
         sharded = self._dtensor.build_sharded(model, self.mesh, self._plan_layouts)
         sharded.compile(optimizer=self._dtensor.make_optimizer(config.train, plan, self.mesh),
-                        loss=task.loss(), metrics=task.metrics(),
+                        loss=task.loss(),
+                        metrics=self._dtensor.metrics_on_mesh(task.metrics(), self.mesh),
                         steps_per_execution=config.train.steps_per_execution)
-        # Known on TF 2.21: the first train execution applies only one variable's update; see
-        # docs/dtensor.md ("What failed"). Later steps match the single-device step exactly.
         self._model = model
         return model, sharded
 

@@ -21,7 +21,7 @@ from tftrain import config as config_lib
 from tftrain.data import foreign, reader
 from tftrain.engine import optimizers
 from tftrain.errors import ConfigError
-from tftrain.runtime import distribute, dtensor_layouts
+from tftrain.runtime import distribute, dtensor_layouts, dtensor_optimizers
 
 # Attributes under which tf-keras layers also list their variables (skipped by LayoutMap too).
 _SKIP_ATTRIBUTES = ("_self_tracked_trackables", "_trainable_weights", "_non_trainable_weights",
@@ -164,34 +164,37 @@ def copy_weights(sharded: keras.Model, model: keras.Model) -> None:
         variable.assign(gather(sharded_vars[path]))
 
 
+def metrics_on_mesh(metrics: list, mesh) -> list:
+    """The task's metrics rebuilt with their variables on the mesh (replicated DVariables).
+
+    A metric built without a mesh keeps ordinary variables, which a DTensor train function
+    updates wrongly (accuracy and perplexity came out several times too low). tf-keras only
+    takes `mesh=` in the constructors of its own metrics, so each metric is re-created from its
+    config with the mesh set before its `__init__` adds the variables. Names (strings) are
+    left to `compile`, which gives the metrics it builds the model's mesh.
+    """
+    rebuilt = []
+    for metric in metrics:
+        if isinstance(metric, keras.metrics.Metric):
+            config, cls = metric.get_config(), type(metric)
+            metric = cls.__new__(cls)
+            metric._mesh = mesh  # read by Metric.add_weight
+            metric.__init__(**config)
+        rebuilt.append(metric)
+    return rebuilt
+
+
 def optimizer_slots(name: str) -> int:
     """Optimizer state per weight: Adam/AdamW keep 2 moments, SGD with momentum 1."""
     return {"sgd": 1}.get(name, 2)
 
 
 def make_optimizer(train_config: config_lib.TrainConfig, plan, mesh):
-    """The optimizer of `train.optimizer`, with the run's schedule, as a DTensor optimizer.
-
-    Sparse gradients (Embedding) are made dense first: DTensor has no layout propagation for
-    the scatter ops of sparse updates (`ResourceScatterAdd`) in TensorFlow 2.21.
-    """
+    """The optimizer of `train.optimizer`, with the run's schedule, as a DTensor optimizer
+    (given `mesh=`) whose updates DTensor applies exactly (`dtensor_optimizers`)."""
     lr = optimizers.make_schedule(train_config, plan.steps_per_epoch, plan.total_steps)
-    dtensor_optimizers = keras.dtensor.experimental.optimizers
     if train_config.optimizer == "sgd":
-        return _dense_gradients(dtensor_optimizers.SGD)(lr, momentum=train_config.momentum,
-                                                        mesh=mesh)
+        return dtensor_optimizers.SGD(lr, momentum=train_config.momentum, mesh=mesh)
     if train_config.optimizer == "adamw":
-        return _dense_gradients(dtensor_optimizers.AdamW)(
-            lr, weight_decay=train_config.weight_decay, mesh=mesh)
-    return _dense_gradients(dtensor_optimizers.Adam)(lr, mesh=mesh)
-
-
-def _dense_gradients(optimizer_class):
-    class DenseGradients(optimizer_class):
-        def apply_gradients(self, grads_and_vars, *args, **kwargs):
-            grads_and_vars = [(tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g, v)
-                              for g, v in grads_and_vars]
-            return super().apply_gradients(grads_and_vars, *args, **kwargs)
-
-    DenseGradients.__name__ = optimizer_class.__name__
-    return DenseGradients
+        return dtensor_optimizers.AdamW(lr, weight_decay=train_config.weight_decay, mesh=mesh)
+    return dtensor_optimizers.Adam(lr, mesh=mesh)
