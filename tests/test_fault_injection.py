@@ -3,7 +3,7 @@
 Each command runs once uninterrupted first, as a subprocess of the console script: that is the
 reference output and the measure of its run time. Then it is started again and killed
 (SIGKILL to all its processes) at KILLS moments drawn by a seeded generator over that time, one
-in each fifth of it, each time in the same directory and each followed by a rerun. After each
+in each third of it, each time in the same directory and each followed by a rerun. After each
 kill nothing passes for what it is not: the directory is not a complete dataset (or it is the
 complete previous one), not a finished run (or it is the finished previous one). Each rerun
 completes: the dataset byte-identical to the reference (the writer is deterministic given
@@ -32,7 +32,7 @@ from tftrain.data import manifest as manifest_lib
 pytestmark = pytest.mark.slow
 TFTRAIN = os.path.join(os.path.dirname(sys.executable), "tftrain")
 SEED = 20261201
-KILLS = 5
+KILLS = 3  # seeded moments, one in each third of the reference run time
 BOUND = 240  # seconds any one command may take before the test calls it a hang
 EPOCHS = 2
 
