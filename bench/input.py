@@ -1,19 +1,27 @@
 """Input pipeline throughput: `tftrain.data.load` against a naive pipeline and a raw read.
 
-    python bench/input.py [--examples=50000] [--data=/tmp/tftrain-bench/synthetic56k]
+    python bench/input.py [--examples=56000] [--data=/tmp/tftrain-bench] [--rounds=3] [--sets=numpy,raw,png]
 
-On the same 32x32x3 PNG TFRecord shards (created once, see bench/synthetic.py) it measures
-examples per second of:
+Three datasets of the same 32x32x3 images (bench/synthetic.py, made once into --data; the train
+split, ~90% of --examples, is read), side by side:
+  numpy   the images as arrays through the `numpy` pipeline: `x` float32 [32, 32, 3], `y` int64
+  raw     image records (standard image keys) with `image_encoding=raw`: uint8 pixels
+  png     image records holding 32x32x3 PNGs
+For each, examples per second of:
   raw          TFRecordDataset over the shards, batched, no parsing (the upper limit)
-  naive        TFRecordDataset -> map(parse_single_example + decode one image) -> batch
+  naive        TFRecordDataset -> map(parse_single_example + decode one example) -> batch
   per-example  the naive pipeline with a parallel map and prefetch (a common hand-tuned version)
   tftrain      tftrain.data.load(training=True): interleave, shuffle, batch, parse_example,
                decode the batch, prefetch
   cache        the same with data.cache=decoded, timed after its first pass (from memory)
-Each pipeline reads the whole split once to warm up (file cache, autotuning), then is timed
-over --passes full passes; this is repeated --rounds times, the pipelines taking turns, and each
-pipeline's fastest round counts (the machine may be shared). The CPU column is the process's
-CPU time (all threads) per example in that round.
+and the stages of `tftrain.data.load` (`last_stage=read`, `parse`, `decode`): the CPU each
+stage adds per example, the difference between the CPU of the pipeline cut after it and of the
+pipeline cut before it.
+Each pipeline reads a quarter of the split (--warm_up; the decoded cache its whole first pass)
+to warm up (file cache, autotuning, thread pools), then is timed over --passes full passes; this is repeated --rounds times, the pipelines taking turns, and each
+pipeline's fastest round counts (the machine may be shared: the load average is printed). The
+CPU column is the process's CPU time (all threads) per example in that round. Ratios are of the
+best rounds; the per-round tftrain/naive and tftrain/raw ratios show how much they move.
 """
 from __future__ import annotations
 
@@ -30,89 +38,166 @@ import tensorflow as tf  # noqa: E402
 from bench import synthetic  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
 from tftrain.data import load, manifest as manifest_lib  # noqa: E402
-from tftrain.data.reader import parse_spec  # noqa: E402
+from tftrain.data.reader import STAGES, parse_spec  # noqa: E402
 
 BATCH = 256
+SPLIT = "train"
 # The rows of the table, as README shows them.
 RAW = "raw `TFRecordDataset` read (the limit)"
 NAIVE = "naive (`parse_single_example` map → batch)"
 PARALLEL = "per-example, parallel map + prefetch"
 TFTRAIN = "`tftrain.data.load`"
 CACHED = "`tftrain.data.load`, `data.cache=decoded`, after its first pass"
+STAGE_ROW = "`tftrain.data.load`, up to {stage}"
+SETS = {  # name -> what the table's title says
+    "numpy": "32x32x3 uint8 arrays, `numpy` pipeline (float32 `x`)",
+    "raw": "32x32x3 image records, `image_encoding=raw`",
+    "png": "32x32x3 image records, PNG",
+}
 
 
 def decode_one_example(serialized, spec):
-    """One record as people usually decode it: parse, decode, resize, scale (also bench/train.py)."""
+    """One image record as people usually decode it: parse, decode, resize, scale (also
+    bench/train.py)."""
     features = tf.io.parse_single_example(serialized, spec)
     image = tf.io.decode_image(features["image/encoded"], channels=3, expand_animations=False)
     image = tf.image.resize_with_pad(tf.cast(image, tf.float32), synthetic.SIZE, synthetic.SIZE)
     return image / 255.0, tf.cast(features["image/class/label"], tf.int32)
 
 
-def pipelines(data_dir: str, split: str) -> dict:
-    """name -> a function returning a fresh dataset of one pass."""
+
+
+def decode_raw_image(serialized, spec):
+    """One `image_encoding=raw` record: parse, decode_raw, reshape, scale."""
+    features = tf.io.parse_single_example(serialized, spec)
+    image = tf.reshape(tf.io.decode_raw(features["image/encoded"], tf.uint8),
+                       [synthetic.SIZE, synthetic.SIZE, 3])
+    return tf.cast(image, tf.float32) / 255.0, tf.cast(features["image/class/label"], tf.int32)
+
+
+def decode_array(serialized, spec):
+    """One `numpy` record: parse, cast the label."""
+    features = tf.io.parse_single_example(serialized, spec)
+    return features["x"], tf.cast(features["y"], tf.int32)
+
+
+DECODE_ONE = {"numpy": decode_array, "raw": decode_raw_image, "png": decode_one_example}
+
+
+def make_sets(root: str, examples: int, names: list[str]) -> dict:
+    """name -> data dir of the datasets, made once under `root`."""
+    made = {}
+    for name in names:
+        path = os.path.join(root, f"{name}{examples // 1000}k" if name != "png"
+                            else f"synthetic{examples // 1000}k")
+        if name == "numpy":
+            synthetic.make_numpy_dataset(path, examples)
+        else:
+            synthetic.make_dataset(path, examples, image_encoding="keep" if name == "png" else "raw")
+        made[name] = path
+    return made
+
+
+def pipelines(name: str, data_dir: str) -> dict:
+    """row -> a function returning a fresh dataset of one pass."""
     manifest = manifest_lib.read(data_dir)
-    files = manifest_lib.shard_files(data_dir, manifest, split)
+    files = manifest_lib.shard_files(data_dir, manifest, SPLIT)
     spec = parse_spec(manifest["features"])
+    decode = DECODE_ONE[name]
     # One dataset for every pass, as across the epochs of a fit: the warm-up pass fills its cache.
-    cached = load(data_dir, split, BATCH, training=True, seed=0, cache="decoded")
-    return {
+    cached = load(data_dir, SPLIT, BATCH, training=True, seed=0, cache="decoded")
+    made = {
         RAW: lambda: tf.data.TFRecordDataset(files).batch(BATCH),
-        NAIVE: lambda: tf.data.TFRecordDataset(files).map(
-            lambda s: decode_one_example(s, spec)).batch(BATCH),
+        NAIVE: lambda: tf.data.TFRecordDataset(files).map(lambda s: decode(s, spec)).batch(BATCH),
         PARALLEL: lambda: tf.data.TFRecordDataset(files).map(
-            lambda s: decode_one_example(s, spec), num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH)
+            lambda s: decode(s, spec), num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH)
         .prefetch(tf.data.AUTOTUNE),
-        TFTRAIN: lambda: load(data_dir, split, BATCH, training=True, seed=0),
+        TFTRAIN: lambda: load(data_dir, SPLIT, BATCH, training=True, seed=0),
         CACHED: lambda: cached,
     }
+    for stage in STAGES[:-1]:
+        made[STAGE_ROW.format(stage=stage)] = (
+            lambda stage=stage: load(data_dir, SPLIT, BATCH, training=True, seed=0, last_stage=stage))
+    return made
 
 
-def examples_per_second(make_dataset, passes: int) -> tuple[float, float]:
-    """(examples/s, CPU seconds per example) over `passes` full passes, after one warm-up pass."""
-    def one_pass():
+def examples_per_second(make_dataset, passes: int, warm_up: int | None) -> tuple[float, float]:
+    """(examples/s, CPU seconds per example) over `passes` full passes, after a warm-up of
+    `warm_up` examples (None: a full pass)."""
+    def one_pass(limit=None):
         count = 0
         for batch in make_dataset():
             count += int(tf.shape(tf.nest.flatten(batch)[0])[0])
+            if limit is not None and count >= limit:
+                break
         return count
 
-    one_pass()
+    one_pass(warm_up)
     started, cpu_started = time.perf_counter(), time.process_time()
     total = sum(one_pass() for _ in range(passes))
     return total / (time.perf_counter() - started), (time.process_time() - cpu_started) / total
 
 
+def tables(name: str, data_dir: str, results: dict, per_round: dict) -> str:
+    """The dataset's two tables: the pipelines, and the CPU of tftrain's stages."""
+    naive, raw = results[NAIVE][0], results[RAW][0]
+    stage_rows = {STAGE_ROW.format(stage=s) for s in STAGES[:-1]}
+    split = manifest_lib.read(data_dir)["splits"][SPLIT]
+    bytes_per_example = sum(s["bytes"] for s in split["shards"]) / split["num_examples"]
+    lines = [f"### {SETS[name]}: {split['num_examples']:,} records, {bytes_per_example:,.0f} "
+             f"bytes/record, {len(split['shards'])} shards", "",
+             markdown_table(
+                 ["pipeline", "examples/s", "vs naive", "vs raw", "CPU µs/example"],
+                 [[row, f"{rate:,.0f}", f"{rate / naive:.2f}x", f"{rate / raw:.2f}x",
+                   f"{cpu * 1e6:.1f}"] for row, (rate, cpu) in results.items()
+                  if row not in stage_rows], ["l", "r", "r", "r", "r"]), ""]
+    cut = [results[STAGE_ROW.format(stage=s)] for s in STAGES[:-1]] + [results[TFTRAIN]]
+    before = 0.0
+    stage_table = []
+    for stage, (rate, cpu) in zip(STAGES, cut):
+        stage_table.append([stage, f"{rate:,.0f}", f"{cpu * 1e6:.1f}", f"{(cpu - before) * 1e6:.1f}"])
+        before = cpu
+    lines += [markdown_table(["`tftrain.data.load` up to", "examples/s", "CPU µs/example",
+                              "the stage's CPU µs/example"], stage_table, ["l", "r", "r", "r"]), ""]
+    for other, label in ((NAIVE, "naive"), (RAW, "raw")):
+        ratios = ", ".join(f"{ours / theirs:.2f}x"
+                           for ours, theirs in zip(per_round[TFTRAIN], per_round[other]))
+        lines.append(f"per round, tftrain / {label}: {ratios}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=int, default=56_000)  # train split >= 50,000
-    parser.add_argument("--data", default="/tmp/tftrain-bench/synthetic56k")
+    parser.add_argument("--data", default="/tmp/tftrain-bench")
     parser.add_argument("--passes", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warm_up", type=float, default=0.25,
+                        help="the warm-up before each timed pass, in passes (the cache: 1)")
+    parser.add_argument("--sets", default=",".join(SETS), help="which datasets: numpy,raw,png")
     args = parser.parse_args()
-    manifest = synthetic.make_dataset(args.data, args.examples)
-    split = "train"
-    count = manifest["splits"][split]["num_examples"]
-    print(f"{count} records of 32x32x3 PNG in {len(manifest['splits'][split]['shards'])} shards, "
-          f"batch {BATCH}, {os.cpu_count()} CPU cores")
-    results: dict[str, tuple[float, float]] = {}
-    per_round: dict[str, list[float]] = {}
+    names = [n for n in args.sets.split(",") if n]
+    unknown = sorted(set(names) - set(SETS))
+    if unknown:
+        parser.error(f"unknown --sets {', '.join(unknown)}; choose from {', '.join(SETS)}")
+    sets = make_sets(args.data, args.examples, names)
+    print(f"batch {BATCH}, {os.cpu_count()} CPU cores, TensorFlow {tf.__version__}")
+    results: dict[str, dict] = {n: {} for n in names}
+    per_round: dict[str, dict] = {n: {} for n in names}
     for round_index in range(args.rounds):
-        for name, make in pipelines(args.data, split).items():
-            rate, cpu = examples_per_second(make, args.passes)
-            print(f"  round {round_index + 1}: {name} {rate:,.0f} examples/s", flush=True)
-            per_round.setdefault(name, []).append(rate)
-            if name not in results or rate > results[name][0]:
-                results[name] = (rate, cpu)
-    naive, raw = results[NAIVE][0], results[RAW][0]
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"\nbest of {args.rounds} rounds; load average {load}\n")
-    print(markdown_table(
-        ["pipeline", "examples/s", "vs naive", "vs raw", "CPU µs/example"],
-        [[name, f"{rate:,.0f}", f"{rate / naive:.2f}x", f"{rate / raw:.2f}x", f"{cpu * 1e6:.1f}"]
-         for name, (rate, cpu) in results.items()]))
-    ratios = ", ".join(f"{ours / theirs:.2f}x" for ours, theirs in zip(per_round[TFTRAIN],
-                                                                      per_round[NAIVE]))
-    print(f"\nper round, {TFTRAIN} / naive: {ratios}")
+        for name, data_dir in sets.items():
+            warm_up = int(args.warm_up * manifest_lib.read(data_dir)["splits"][SPLIT]["num_examples"])
+            for row, make in pipelines(name, data_dir).items():
+                # The decoded cache fills in its first pass: that one warms up in full.
+                rate, cpu = examples_per_second(make, args.passes, None if row == CACHED else warm_up)
+                print(f"  round {round_index + 1} {name}: {row} {rate:,.0f} examples/s, "
+                      f"{cpu * 1e6:.1f} CPU µs/example", flush=True)
+                per_round[name].setdefault(row, []).append(rate)
+                if row not in results[name] or rate > results[name][row][0]:
+                    results[name][row] = (rate, cpu)
+    load_average = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\nbest of {args.rounds} rounds; load average {load_average}\n")
+    print("\n\n".join(tables(n, sets[n], results[n], per_round[n]) for n in names))
 
 
 if __name__ == "__main__":
