@@ -29,6 +29,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from bench import synthetic  # noqa: E402
+from bench.input import examples_per_second  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
 from pipelines import load_pipeline  # noqa: E402
 from tftrain.data import load, manifest as manifest_lib  # noqa: E402
@@ -90,17 +91,8 @@ def convert(folder: str, output: str, encoding: str) -> float:
 
 
 def rate(dataset: tf.data.Dataset) -> float:
-    """Examples per second of one full pass over `dataset`, after a warm-up pass."""
-    def one_pass():
-        return sum(int(tf.shape(tf.nest.flatten(batch)[0])[0]) for batch in dataset)
-
-    one_pass()
-    fastest = float("inf")
-    for _ in range(2):  # the faster of two timed passes
-        started = time.perf_counter()
-        count = one_pass()
-        fastest = min(fastest, time.perf_counter() - started)
-    return count / fastest
+    """Examples per second of two full passes over `dataset`, after a warm-up pass."""
+    return examples_per_second(lambda: dataset, passes=2, warm_up=None)[0]
 
 
 def measure(folder: str, workdir: str, name: str, rounds: int) -> dict:

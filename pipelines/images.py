@@ -15,6 +15,7 @@ import io
 import struct
 import zlib
 
+from pipelines.options import get_int
 from tftrain.data import example_bytes
 from tftrain.errors import BadRow, ConfigError
 
@@ -71,8 +72,6 @@ def encoding_options(options: dict, default: str = "keep") -> dict:
     by `encoding_info`, once the image size is known. Raises `ConfigError` for an unknown
     encoding, a quality outside 1..100, or a quality without jpeg.
     """
-    from pipelines.options import get_int
-
     name = str(options.get("image_encoding") or default).strip().lower()
     if name not in ENCODINGS:
         raise ConfigError(f"pipeline option image_encoding={options.get('image_encoding')!r} must be "
