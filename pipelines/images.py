@@ -78,7 +78,7 @@ def encoding_options(options: dict, default: str = "keep") -> dict:
                           f"one of {', '.join(ENCODINGS)}.")
     if "jpeg_quality" in options and name != "jpeg":
         raise ConfigError(f"pipeline option jpeg_quality is only used with image_encoding=jpeg "
-                          f"(this conversion stores {name}).")
+                          f"(here image_encoding={name}).")
     if name != "jpeg":
         return {"image_encoding": name}
     quality = get_int(options, "jpeg_quality", DEFAULT_JPEG_QUALITY)
