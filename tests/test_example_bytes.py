@@ -87,3 +87,32 @@ def test_serialize_and_int64_scalar_accept_bytes_and_protos():
         assert eb.int64_scalar(encoded, "many") is None
         assert eb.int64_scalar(encoded, "f") is None
         assert eb.int64_scalar(encoded, "missing") is None
+
+
+@pytest.mark.parametrize("value", [0, 1, 127, 128, 129, 300, 16383, 16384, 2**21, 2**63 - 1, -1,
+                                   -2**63])
+def test_varint_boundaries_and_cached_scalars_are_protobufs_bytes(value):
+    expected = F(int64_list=tf.train.Int64List(value=[value])).SerializeToString()
+    assert eb.int64_feature(value) == expected
+    assert eb.int64_feature(np.int64(value)) == expected  # the second time from the cache
+    size = abs(value) % 20_000  # byte strings whose lengths need one, two or three varint bytes
+    data = bytes(size)
+    assert eb.bytes_feature(data) == F(bytes_list=tf.train.BytesList(value=[data])).SerializeToString()
+
+
+def _protobuf_int64_scalar(message, name):
+    feature = message.features.feature
+    values = feature[name].int64_list.value if name in feature else ()
+    return int(values[0]) if len(values) == 1 else None
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_int64_scalar_reads_our_bytes_and_protobufs_bytes_as_protobuf_does(name):
+    ours, reference = CASES[name]
+    extra = {"one": eb.int64_feature(-7), "big": eb.int64_feature(2**40), "empty": eb.int64_feature([])}
+    message = proto({**reference, "one": F(int64_list=tf.train.Int64List(value=[-7])),
+                     "big": F(int64_list=tf.train.Int64List(value=[2**40])),
+                     "empty": F(int64_list=tf.train.Int64List(value=[]))})
+    for data in (eb.example({**ours, **extra}), message.SerializeToString(deterministic=True)):
+        for key in [*message.features.feature, "missing", "o"]:
+            assert eb.int64_scalar(data, key) == _protobuf_int64_scalar(message, key), key

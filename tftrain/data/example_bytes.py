@@ -21,12 +21,16 @@ _TAG_1 = b"\x0a"  # field 1, length-delimited: Example.features, Features.featur
                   # map-entry key, Feature.bytes_list, BytesList.value, packed list values
 _TAG_2 = b"\x12"  # field 2, length-delimited: map-entry value, Feature.float_list
 _TAG_3 = b"\x1a"  # field 3, length-delimited: Feature.int64_list
-_ONE_BYTE = [bytes([n]) for n in range(128)]
+# The varints of 0 .. 2**14 - 1 (one or two bytes), looked up: lengths of features up to 16 KiB
+# and most labels and sizes, the values written for every row.
+_SMALL_VARINTS = [bytes([n]) if n < 128 else bytes([(n & 0x7F) | 0x80, n >> 7])
+                  for n in range(1 << 14)]
+_SMALL_VARINT_LIMIT = len(_SMALL_VARINTS)
 
 
 def _varint(value: int) -> bytes:
-    if 0 <= value < 128:
-        return _ONE_BYTE[value]
+    if 0 <= value < _SMALL_VARINT_LIMIT:
+        return _SMALL_VARINTS[value]
     value &= (1 << 64) - 1  # negative int64s are 10-byte two's complement varints
     out = bytearray()
     while value >= 128:
@@ -57,8 +61,14 @@ def bytes_feature(values: bytes | str | Iterable[bytes | str]) -> bytes:
 def int64_feature(values: int | Iterable[int]) -> bytes:
     """A serialized `tf.train.Feature` holding an Int64List."""
     if isinstance(values, (int, np.integer)):
-        packed = _varint(int(values))
-        return _TAG_3 + _varint(len(packed) + 2) + _TAG_1 + _varint(len(packed)) + packed
+        value = int(values)
+        feature = _INT64_SCALARS.get(value)
+        if feature is None:
+            packed = _varint(value)
+            feature = _TAG_3 + _varint(len(packed) + 2) + _TAG_1 + _varint(len(packed)) + packed
+            if len(_INT64_SCALARS) < _MAX_CACHED:
+                _INT64_SCALARS[value] = feature
+        return feature
     packed = b"".join(_varint(v) for v in np.asarray(values, np.int64).ravel().tolist())
     return _delimited(_TAG_3, _delimited(_TAG_1, packed) if packed else b"")
 
@@ -84,11 +94,15 @@ def example(features: Mapping[str, bytes]) -> bytes:
     return b"".join(parts)  # one copy of each (possibly large) feature
 
 
+# Bounded caches of what repeats from row to row: feature names, scalar int64 features (labels,
+# image sizes).
+_MAX_CACHED = 10_000
 _KEYS: dict[str, bytes] = {}  # feature name -> its serialized map-entry key field
+_INT64_SCALARS: dict[int, bytes] = {}  # value -> its serialized Int64List feature
 
 
 def _key(name: str) -> bytes:
-    if len(_KEYS) < 10_000:
+    if len(_KEYS) < _MAX_CACHED:
         _KEYS[name] = _delimited(_TAG_1, name.encode())
         return _KEYS[name]
     return _delimited(_TAG_1, name.encode())
@@ -107,13 +121,73 @@ def serialize(encoded) -> bytes:
 def int64_scalar(encoded, name: str) -> int | None:
     """The value of feature `name` when it is an Int64List of exactly one value, else None.
 
-    `encoded` is what a pipeline's `encode()` returned: a tf.train.Example or its bytes (parsed
-    here; protobuf's parser is lazy, ~2 us for an image example).
+    `encoded` is what a pipeline's `encode()` returned: a tf.train.Example or its bytes. Bytes
+    laid out as `example` writes them are read directly (a few entries skipped by their lengths);
+    any other layout is parsed by protobuf.
     """
     if isinstance(encoded, bytes):
+        found = _int64_scalar_of_our_layout(encoded, name)
+        if found is not _OTHER_LAYOUT:
+            return found
         from tensorflow.core.example import example_pb2
 
         encoded = example_pb2.Example.FromString(encoded)
     feature = encoded.features.feature
     values = feature[name].int64_list.value if name in feature else ()
     return int(values[0]) if len(values) == 1 else None
+
+
+_OTHER_LAYOUT = object()
+
+
+def _read_varint(data: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 128:
+            return value, pos
+        shift += 7
+
+
+def _int64_scalar_of_our_layout(data: bytes, name: str):
+    """`int64_scalar` of bytes in `example`'s layout (one features field, each map entry its key
+    then its value, each name once); `_OTHER_LAYOUT` when the bytes are laid out otherwise."""
+    try:
+        if data[:1] != _TAG_1:
+            return _OTHER_LAYOUT if data else None
+        size, pos = _read_varint(data, 1)
+        if pos + size != len(data):
+            return _OTHER_LAYOUT
+        key = _KEYS.get(name) or _key(name)
+        while pos < len(data):
+            if data[pos] != 0x0A:
+                return _OTHER_LAYOUT
+            entry_size, pos = _read_varint(data, pos + 1)
+            entry_end = pos + entry_size
+            if data[pos] != 0x0A:  # a map entry that does not start with its key
+                return _OTHER_LAYOUT
+            if data.startswith(key, pos):
+                value = pos + len(key)
+                if data[value] != 0x12:
+                    return _OTHER_LAYOUT
+                feature_size, value = _read_varint(data, value + 1)
+                if value + feature_size != entry_end:
+                    return _OTHER_LAYOUT
+                if data[value] != 0x1A:  # not an Int64List
+                    return None
+                list_size, value = _read_varint(data, value + 1)
+                if not list_size:  # an empty list
+                    return None
+                if data[value] != 0x0A:  # not a packed list
+                    return _OTHER_LAYOUT
+                packed_size, value = _read_varint(data, value + 1)
+                number, end = _read_varint(data, value)
+                if end != value + packed_size:  # none or more than one value
+                    return None
+                return number - (1 << 64) if number >= 1 << 63 else number
+            pos = entry_end
+        return None
+    except IndexError:  # truncated: let protobuf say what is wrong
+        return _OTHER_LAYOUT
