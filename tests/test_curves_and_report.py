@@ -82,13 +82,14 @@ def test_every_run_writes_curves_png_of_each_epoch(runs):
         assert json.load(f)["validation"]["accuracy"] == pytest.approx(history[-1]["val_accuracy"])
 
 
-def test_a_resumed_run_reads_its_earlier_epochs_back(runs, tmp_path):
+def test_a_resumed_run_reads_its_earlier_epochs_back(runs, tmp_path, monkeypatch):
     resumed = tmp_path / "resumed"
     resumed.mkdir()
     shutil.copy(os.path.join(runs[0], curves.CURVES_JSON), resumed)
     before = curves.read_history(str(resumed))
     # Resumed at the third epoch (index 2): epochs 1-2 come from disk, epoch 3 is run again.
     callback = curves.Curves(str(resumed))
+    callback.on_train_begin()
     callback.on_epoch_begin(2)
     assert callback.history == before[:2]
     callback.on_epoch_end(2, {"loss": 0.5, "accuracy": 0.9, "val_loss": 0.6,
@@ -96,7 +97,17 @@ def test_a_resumed_run_reads_its_earlier_epochs_back(runs, tmp_path):
     after = curves.read_history(str(resumed))
     assert [e["epoch"] for e in after] == [1, 2, 3] and after[:2] == before[:2]
     assert after[2]["val_accuracy"] == 0.8
+    assert not (resumed / curves.CURVES_PNG).exists()  # drawn when training ends (or 30 s later)
+    callback.on_train_end()
     check_png(_read_png(resumed / curves.CURVES_PNG), curves.panels(after), "resumed")
+    # After REDRAW_SECONDS, an epoch end draws too.
+    drawn = (resumed / curves.CURVES_PNG).stat().st_mtime_ns
+    monkeypatch.setattr(curves, "REDRAW_SECONDS", 0.0)
+    callback.on_epoch_end(3, {"loss": 0.4, "accuracy": 0.9, "val_loss": 0.5,
+                              "val_accuracy": 0.85, "learning_rate": 1e-3})
+    assert (resumed / curves.CURVES_PNG).stat().st_mtime_ns != drawn
+    check_png(_read_png(resumed / curves.CURVES_PNG),
+              curves.panels(curves.read_history(str(resumed))), "resumed")
     # A fresh start (epoch 0) ignores what an earlier run left; a non-chief worker writes nothing.
     fresh = curves.Curves(str(resumed))
     fresh.on_epoch_begin(0)

@@ -1,4 +1,8 @@
-"""`curves.png` in the run directory: loss, metrics and learning rate per epoch, at each epoch end.
+"""`curves.png` in the run directory: loss, metrics and learning rate per epoch.
+
+The picture is redrawn at an epoch end once REDRAW_SECONDS have passed since it was last drawn
+(drawing costs ~0.5-1 s of CPU, as much as a whole epoch of a small model), and always when
+training ends; `curves.json` is rewritten at every epoch end.
 
 One subplot per metric the epoch logs have (train and `val_` on the same axes), plus one for the
 learning rate. The history behind the picture is kept in `curves.json` beside it, so a resumed
@@ -16,6 +20,7 @@ import io
 import json
 import math
 import posixpath
+import time
 
 import tensorflow as tf
 import tf_keras as keras
@@ -33,6 +38,7 @@ MAX_COLUMNS = 3
 # Fixed margins in inches (left, right, top, bottom), with room for tick labels, the titles and
 # the x label: the layout engines measure every text first, which doubles the drawing time.
 MARGIN_INCHES = (0.65, 0.15, 0.6, 0.5)
+REDRAW_SECONDS = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,7 +151,8 @@ def render_png(plots: list[Panel], title: str = "") -> bytes:
 
 
 class Curves(keras.callbacks.Callback):
-    """Redraws `run_dir/curves.png` and rewrites `run_dir/curves.json` at each epoch end.
+    """Rewrites `run_dir/curves.json` at each epoch end, and redraws `run_dir/curves.png` from it
+    at an epoch end at most every REDRAW_SECONDS and when training ends.
 
     Put it after `LearningRateLogger`, so the logs it sees hold the learning rate. On the first
     epoch of a resumed run it reads the earlier epochs back from curves.json (dropping the epoch
@@ -163,6 +170,11 @@ class Curves(keras.callbacks.Callback):
         self.chief = chief
         self.history: list[dict] = []
         self._loaded = False
+        self._drawn_at = 0.0
+        self._drawn = False  # whether curves.png shows self.history
+
+    def on_train_begin(self, logs=None):
+        self._drawn_at = time.monotonic()  # as if drawn now: a short run draws once, at its end
 
     def on_epoch_begin(self, epoch, logs=None):
         if self.chief and not self._loaded:
@@ -179,6 +191,16 @@ class Curves(keras.callbacks.Callback):
             except (TypeError, ValueError):
                 pass  # not a scalar metric
         self.history = [e for e in self.history if e["epoch"] < epoch + 1] + [entry]
+        write_json(join(self.run_dir, CURVES_JSON), {"epochs": self.history})
+        self._drawn = False
+        if time.monotonic() - self._drawn_at >= REDRAW_SECONDS:
+            self._draw()
+
+    def on_train_end(self, logs=None):
+        if self.chief and self.history and not self._drawn:
+            self._draw()
+
+    def _draw(self) -> None:
         title = posixpath.basename(self.run_dir.rstrip("/"))
         write_atomic(join(self.run_dir, CURVES_PNG), render_png(panels(self.history), title))
-        write_json(join(self.run_dir, CURVES_JSON), {"epochs": self.history})
+        self._drawn_at, self._drawn = time.monotonic(), True
