@@ -1,6 +1,7 @@
 """Conversion speed and memory: tftrain's writer against a naive loop and Model Garden's approach.
 
     .venv/bin/python bench/convert.py [--images=6000] [--rows=10000] [--repeats=3] [--workdir=...]
+                                      [--kinds=images,arrays]
 
 Data (generated once into --workdir): a folder of 64x64 RGB PNGs in 10 classes, and a NumPy set
 (x: float32 [rows, 784], y: int labels, as x.npy/y.npy), each at 1x and 4x the size (the 4x image
@@ -293,8 +294,13 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=10_000)
     parser.add_argument("--repeats", type=int, default=3, help="runs per method; the fastest counts")
     parser.add_argument("--workdir", default="/tmp/tftrain-bench-convert")
+    parser.add_argument("--kinds", default="images,arrays",
+                        help="which data to convert: images, arrays or both")
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    kinds = [kind for kind in ("images", "arrays") if kind in args.kinds.split(",")]
+    if not kinds or set(args.kinds.split(",")) - set(kinds):
+        parser.error(f"--kinds={args.kinds}: a comma-separated subset of images,arrays")
     if args.child:
         child(*args.child)
         return
@@ -304,15 +310,17 @@ def main() -> None:
                ("arrays", 1): os.path.join(work, f"arrays-{args.rows}"),
                ("arrays", 4): os.path.join(work, f"arrays-{args.rows * 4}")}
     print(f"generating data in {work} (once) ...", flush=True)
-    make_images(sources[("images", 1)], args.images)
-    replicate_images(sources[("images", 1)], sources[("images", 4)], 4)
-    make_arrays(sources[("arrays", 1)], args.rows)
-    make_arrays(sources[("arrays", 4)], args.rows * 4)
+    if "images" in kinds:
+        make_images(sources[("images", 1)], args.images)
+        replicate_images(sources[("images", 1)], sources[("images", 4)], 4)
+    if "arrays" in kinds:
+        make_arrays(sources[("arrays", 1)], args.rows)
+        make_arrays(sources[("arrays", 4)], args.rows * 4)
 
     results, peaks = {}, {}
     for round_index in range(args.repeats + 1):
         memory = round_index == 0  # round 0 measures memory, the others speed
-        for kind in ("images", "arrays"):
+        for kind in kinds:
             for scale in (1, 4):
                 for method in METHODS:
                     what = "memory" if memory else f"speed {round_index}"
@@ -329,11 +337,12 @@ def main() -> None:
                         results[key] = dict(r, peak_mb=peaks[key])
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"\nconvert benchmark: {args.images:,} 64x64 PNGs and {args.rows:,} x {FEATURES} float32 "
-          f"rows (1x; 4x for the second columns), {os.cpu_count()} CPU cores, best of {args.repeats} runs, "
+    data = {"images": f"{args.images:,} 64x64 PNGs", "arrays": f"{args.rows:,} x {FEATURES} float32 rows"}
+    print(f"\nconvert benchmark: {' and '.join(data[kind] for kind in kinds)} (1x; 4x for the "
+          f"second columns), {os.cpu_count()} CPU cores, best of {args.repeats} runs, "
           f"load average {load}")
     table = []
-    for kind in ("images", "arrays"):
+    for kind in kinds:
         def speed(method, scale):
             r = results[(kind, method, scale)]
             return r["examples"] / r["seconds"]

@@ -1,9 +1,13 @@
 """Training step time: `tftrain train` against a plain hand-written tf_keras `fit`.
 
-    python bench/train.py [--steps_per_epoch=40] [--epochs=3] [--batch_size=128]
+    python bench/train.py [--image_encoding=raw|png] [--steps_per_epoch=40] [--epochs=3]
+                          [--batch_size=128] [--repeats=2] [--data=DIR]
 
-Same model (the registry's `cnn`), same data (bench/synthetic.py, 32x32x3 PNG records), same
-batch size, optimizer and strategy-free single device. Step time is the mean over the epochs after
+Same model (the registry's `cnn`), same data (bench/synthetic.py's 32x32x3 images, as records
+with `image_encoding=raw` (uint8 pixels: what `auto` stores for images this small, the default
+here) or PNG records (`--image_encoding=png`: decoding them shares the cores with the model on a
+CPU-only machine); `--data` names another dataset of bench/synthetic.py), same batch size,
+optimizer and strategy-free single device. Step time is the mean over the epochs after
 the first (tracing and warm-up excluded), timed by the same callback in every run:
   plain keras      model.fit(x, y) on the decoded images held in memory as NumPy arrays: no
                    input pipeline cost at all, no extra callbacks (the floor)
@@ -39,7 +43,6 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import tf_keras as keras  # noqa: E402
 
-from bench import synthetic  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
 from tftrain import config as config_lib, models  # noqa: E402
 from tftrain.engine import train  # noqa: E402
@@ -74,19 +77,27 @@ def plain_keras(x, y, args) -> float:
 
 def hand_written(data_dir, args) -> float:
     """Seconds per step of a plain fit over a typical hand-written tf.data pipeline."""
-    from bench.input import decode_one_example
+    from bench.input import DECODE_ONE
     from tftrain.data import manifest as manifest_lib
     from tftrain.data.reader import parse_spec
 
     manifest = manifest_lib.read(data_dir)
     spec = parse_spec(manifest["features"])
+    decode = DECODE_ONE["raw" if stored_encoding(data_dir) == "raw" else "png"]
     dataset = (tf.data.TFRecordDataset(manifest_lib.shard_files(data_dir, manifest, "train"))
-               .map(lambda s: decode_one_example(s, spec), num_parallel_calls=tf.data.AUTOTUNE)
+               .map(lambda s: decode(s, spec), num_parallel_calls=tf.data.AUTOTUNE)
                .shuffle(10_000).repeat().batch(args.batch_size).prefetch(tf.data.AUTOTUNE))
     model, timer = _compiled_model(), StepTimer(args.batch_size)
     model.fit(dataset, epochs=args.epochs, steps_per_epoch=args.steps_per_epoch, callbacks=[timer],
               verbose=0)
     return timer.seconds_per_step()
+
+
+def stored_encoding(data_dir: str) -> str:
+    """The dataset's `image_encoding` as its manifest records it (`keep`: the PNGs)."""
+    from tftrain.data import manifest as manifest_lib
+
+    return manifest_lib.read(data_dir).get("info", {}).get("image_encoding", "keep")
 
 
 def run_step_seconds(data_dir: str, overrides: str) -> float:
@@ -143,13 +154,18 @@ def blocked_on_input(data_dir, args) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data", default="/tmp/tftrain-bench/synthetic56k")
+    parser.add_argument("--image_encoding", choices=["raw", "png"], default="raw")
+    parser.add_argument("--data", help="a bench/synthetic.py dataset (default: made once under "
+                        "/tmp/tftrain-bench, as bench/input.py makes it)")
     parser.add_argument("--batch_size", type=int, default=128)
     parser.add_argument("--steps_per_epoch", type=int, default=40)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=2, help="runs per variant; the best counts")
     args = parser.parse_args()
-    synthetic.make_dataset(args.data)
+    if args.data is None:
+        from bench.input import make_sets
+
+        args.data = make_sets("/tmp/tftrain-bench", 56_000, [args.image_encoding])[args.image_encoding]
     n = args.batch_size * args.steps_per_epoch * args.epochs
     x, y = [], []
     for images, labels in load(args.data, "train", 512, training=False).take(-(-n // 512)):
@@ -164,7 +180,8 @@ def main() -> None:
                      *input_wait(args.data, args), blocked_on_input(args.data, args)))
     plain, hand, ours, xla, real, memory, blocked = (min(column) for column in zip(*runs))
     shared = max(0.0, 1 - memory / real)
-    print(f"\ncnn {MODEL['filters']} on 32x32x3, batch {args.batch_size}, {args.steps_per_epoch} "
+    print(f"\ncnn {MODEL['filters']} on 32x32x3 ({stored_encoding(args.data)} records), batch "
+          f"{args.batch_size}, {args.steps_per_epoch} "
           f"steps x {args.epochs} epochs (first excluded), best of {args.repeats}, "
           f"{os.cpu_count()} CPU cores")
     floor = [(PLAIN, plain), (HAND_WRITTEN, hand), (TFTRAIN, ours)]
