@@ -83,7 +83,7 @@ def hand_written(data_dir, args) -> float:
 
     manifest = manifest_lib.read(data_dir)
     spec = parse_spec(manifest["features"])
-    decode = DECODE_ONE["raw" if stored_encoding(data_dir) == "raw" else "png"]
+    decode = DECODE_ONE["raw" if manifest.get("info", {}).get("image_encoding") == "raw" else "png"]
     dataset = (tf.data.TFRecordDataset(manifest_lib.shard_files(data_dir, manifest, "train"))
                .map(lambda s: decode(s, spec), num_parallel_calls=tf.data.AUTOTUNE)
                .shuffle(10_000).repeat().batch(args.batch_size).prefetch(tf.data.AUTOTUNE))

@@ -116,3 +116,12 @@ def test_int64_scalar_reads_our_bytes_and_protobufs_bytes_as_protobuf_does(name)
     for data in (eb.example({**ours, **extra}), message.SerializeToString(deterministic=True)):
         for key in [*message.features.feature, "missing", "o"]:
             assert eb.int64_scalar(data, key) == _protobuf_int64_scalar(message, key), key
+
+
+def test_int64_scalar_of_a_list_packed_in_two_runs_is_what_protobuf_reads():
+    two_runs = b"\x1a\x06" + b"\x0a\x01\x05" + b"\x0a\x01\x06"  # Int64List [5] + [6] = [5, 6]
+    data = eb.example({"label": two_runs, "one": eb.int64_feature(3)})
+    message = tf.train.Example.FromString(data)
+    assert list(message.features.feature["label"].int64_list.value) == [5, 6]
+    assert eb.int64_scalar(data, "label") is None
+    assert eb.int64_scalar(data, "one") == 3

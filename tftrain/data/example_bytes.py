@@ -180,11 +180,14 @@ def _int64_scalar_of_our_layout(data: bytes, name: str):
                 list_size, value = _read_varint(data, value + 1)
                 if not list_size:  # an empty list
                     return None
+                list_end = value + list_size
                 if data[value] != 0x0A:  # not a packed list
                     return _OTHER_LAYOUT
                 packed_size, value = _read_varint(data, value + 1)
+                if value + packed_size != list_end:  # the values in more than one run
+                    return _OTHER_LAYOUT
                 number, end = _read_varint(data, value)
-                if end != value + packed_size:  # none or more than one value
+                if end != list_end:  # none or more than one value
                     return None
                 return number - (1 << 64) if number >= 1 << 63 else number
             pos = entry_end
