@@ -38,6 +38,14 @@ class BasePipeline(abc.ABC):
     def __init__(self, **options):
         self.options = options
 
+    def known_num_rows(self, source: str) -> int | None:
+        """How many rows `source` holds when that is known without reading it, else None.
+
+        An embedded dataset knows. The converter writes a source known to be small in its own
+        process, without starting the worker processes (each would import TensorFlow for nothing).
+        """
+        return None
+
     def prepare(self, source: str) -> dict:
         """One look at the source before rows are read (class names, vocabulary, ...).
 

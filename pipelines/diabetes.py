@@ -15,6 +15,7 @@ from pipelines.base import BasePipeline, Row
 from pipelines.options import check_known
 from tftrain.data import example_bytes
 
+NUM_ROWS = 442  # len(sklearn.datasets.load_diabetes().target)
 FEATURES = ("age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6")
 
 
@@ -33,6 +34,9 @@ class Pipeline(BasePipeline):
     def __init__(self, **options):
         check_known(options, (), self.name)  # it has none
         super().__init__(**options)
+
+    def known_num_rows(self, source):
+        return NUM_ROWS
 
     def prepare(self, source):
         data = _load()

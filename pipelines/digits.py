@@ -16,6 +16,7 @@ from pipelines.images import (ENCODING_OPTIONS, IMAGE_FEATURES, decode_image_bat
 from pipelines.options import check_known
 
 SIZE = 8
+NUM_ROWS = 1797  # len(sklearn.datasets.load_digits().target)
 
 
 class Pipeline(BasePipeline):
@@ -28,6 +29,9 @@ class Pipeline(BasePipeline):
         check_known(options, ENCODING_OPTIONS, self.name)
         super().__init__(**options)
         self.encoding = encoding_options(options, default="auto")
+
+    def known_num_rows(self, source):
+        return NUM_ROWS
 
     def prepare(self, source):
         return {"num_classes": 10, "class_names": [str(d) for d in range(10)],

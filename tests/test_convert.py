@@ -268,6 +268,23 @@ def test_shard_size_mb_sets_the_shard_count(tmp_path):
     assert all(abs(s["bytes"] - 0.1 * shard_plan.MB) < 0.05 * shard_plan.MB for s in shards)
 
 
+def test_an_embedded_dataset_is_converted_without_worker_processes(tmp_path, monkeypatch):
+    """digits and diabetes know their size, so no forkserver (a TensorFlow import) is started."""
+    from tftrain.data import processes
+
+    started = []
+    monkeypatch.setattr(processes, "warm_up", lambda: started.append(True))
+    for name in ("digits", "diabetes"):
+        pipeline = load_pipeline(name)
+        manifest = write_dataset(pipeline, "", str(tmp_path / name), progress=False)
+        total = sum(split["num_examples"] for split in manifest["splits"].values())
+        assert total == pipeline.known_num_rows("") and manifest["stats"]["workers"] == 1
+    assert started == []
+    assert processes.needs_workers(load_pipeline("digits"), "", 2)  # asked for
+    assert processes.needs_workers(Pipeline(n=10), "", None)  # size unknown before the sample
+    assert not processes.needs_workers(Pipeline(n=10_000), "", 1)
+
+
 def test_progress_bar_on_a_terminal_and_log_lines_otherwise():
     class Terminal(io.StringIO):
         def isatty(self):

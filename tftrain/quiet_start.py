@@ -44,6 +44,14 @@ def import_tensorflow(list_devices: bool = True) -> None:
 
 
 @contextlib.contextmanager
+def hiding_start_up_chatter():
+    """Runs a block that may import TensorFlow (e.g. a user's pipeline module) with the start-up
+    chatter hidden as `import_tensorflow` hides it."""
+    with _stderr_filtered(is_chatter):
+        yield
+
+
+@contextlib.contextmanager
 def hiding_native_chatter():
     """Runs the block with fd 2 captured (when the log is quiet); writes back all but the
     TFLite converter's and interpreter's chatter lines, also if the block raises."""

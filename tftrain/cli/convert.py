@@ -39,16 +39,21 @@ flags.DEFINE_string("beam_options", "", "Beam pipeline options for --runner=beam
 
 def main(argv):
     require("pipeline", "output")
-    if FLAGS.runner == "local" and FLAGS.workers != 1:
+    from pipelines import load_pipeline
+
+    # Before TensorFlow, to know whether workers will be needed; built-in pipelines do not import
+    # TensorFlow at module level (pipelines/base.py), a user's module might.
+    with quiet_start.hiding_start_up_chatter():
+        pipeline = load_pipeline(FLAGS.pipeline, **parse_pipeline_options(FLAGS.pipeline_options))
+    if FLAGS.runner == "local":
         from tftrain.data import processes
 
-        processes.warm_up()  # workers' TensorFlow import overlaps this process's own
+        if processes.needs_workers(pipeline, FLAGS.input, FLAGS.workers or None):
+            processes.warm_up()  # workers' TensorFlow import overlaps this process's own
     quiet_start.import_tensorflow()
-    from pipelines import load_pipeline
     from tftrain.data.splits import parse_splits
 
     splits = parse_splits(FLAGS.splits) if FLAGS.splits else None
-    pipeline = load_pipeline(FLAGS.pipeline, **parse_pipeline_options(FLAGS.pipeline_options))
     kwargs = dict(splits=splits, num_shards=FLAGS.num_shards, shard_size_mb=FLAGS.shard_size_mb,
                   seed=FLAGS.seed, overwrite=FLAGS.overwrite,
                   max_bad_fraction=FLAGS.max_bad_fraction)

@@ -11,6 +11,21 @@ import multiprocessing
 import os
 
 PRELOAD = ["tftrain.data.worker_preload"]
+# A source of at most this many rows is written by one process (`shard_plan` samples this many).
+SMALL_SOURCE_ROWS = 4096
+
+
+def needs_workers(pipeline, source: str, workers: int | None) -> bool:
+    """False when a conversion runs in its own process: `workers=1`, or a source known to be small.
+
+    `shard_plan.choose` gives a small source (read whole by its sample) one worker. When the
+    pipeline knows its row count beforehand, the forkserver is not started at all: its
+    TensorFlow import would cost a core for seconds and serve nothing.
+    """
+    if workers == 1:
+        return False
+    rows = pipeline.known_num_rows(source)
+    return workers is not None or rows is None or rows > SMALL_SOURCE_ROWS
 
 
 def context():

@@ -19,7 +19,7 @@ import os
 import posixpath
 
 from tftrain import ownership
-from tftrain.data import example_bytes
+from tftrain.data import example_bytes, processes
 from tftrain.data import manifest as manifest_lib
 from tftrain.data.splits import assign_shard, assign_split
 from tftrain.data.shard_worker import RowFailed
@@ -27,7 +27,7 @@ from tftrain.errors import BadRow, ConfigError, DataError
 
 MB = 1 << 20
 DEFAULT_SHARD_MB = 150
-SAMPLE_ROWS = 4096      # rows read (not encoded) to see whether the source is small
+SAMPLE_ROWS = processes.SMALL_SOURCE_ROWS  # rows read (not encoded): is the source small?
 SAMPLE_ENCODE = 64      # rows encoded to measure the size of an example
 STAT_FILES = 2_000  # sizing a source folder: stat this many files, extrapolate the rest
 

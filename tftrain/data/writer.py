@@ -119,7 +119,7 @@ def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
     shard_plan.check_args(num_shards=num_shards, shard_size_mb=shard_size_mb, workers=workers,
                           max_bad_fraction=max_bad_fraction)
     check_output_dir(output_dir, overwrite)
-    if workers != 1:
+    if processes.needs_workers(pipeline, source, workers):
         processes.warm_up()  # its TensorFlow import overlaps prepare() and the sample
     started = time.monotonic()
     info = pipeline.prepare(source)
