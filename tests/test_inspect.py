@@ -108,3 +108,25 @@ def test_verify_catches_missing_files_wrong_counts_and_schema_mismatch(copy):
     assert any(p.startswith(f"{second['file']}, record 2: does not parse against the schema")
                for p in problems)
     assert any(p.startswith(f"{second['file']}: 5 records, the manifest says") for p in problems)
+
+
+def test_training_on_a_damaged_record_is_one_line_naming_the_dataset(digits_dir, tmp_path, cli,
+                                                                      capsys):
+    data = tmp_path / "digits"
+    shutil.copytree(digits_dir, data)
+    manifest = json.loads((data / "dataset.json").read_text())
+    name = manifest["splits"]["train"]["shards"][0]["file"]
+    path = data / name
+    damaged = bytearray(path.read_bytes())
+    damaged[record_offset(path, 300) + 20] ^= 0x01  # inside record 300's data
+    path.write_bytes(bytes(damaged))
+    code = cli("train", f"--model_dir={tmp_path / 'run'}",
+               f"--params_override=data.dir={data},train.epochs=1,model.name=mlp,"
+               "model.params={hidden_units: [16]}")
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err[-3000:]
+    (line,) = [line for line in err.splitlines() if line.startswith("tftrain train: error:")]
+    assert f"a damaged record in {data}: TensorFlow found a corrupted record at byte " in line
+    assert f"`tftrain inspect --data={data} --verify` names the file and record" in line
+    assert cli("inspect", f"--data={data}", "--verify") == 1  # and it does
+    assert f"{name}, record 300: corrupt record" in capsys.readouterr().err

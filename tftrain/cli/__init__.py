@@ -128,10 +128,11 @@ def _guarded(name: str, module):
         except KeyboardInterrupt:
             print(f"{PROG} {name}: interrupted", file=sys.stderr)
             return 130
-        except Exception as e:  # noqa: BLE001  (only a full disk is turned into one line)
-            if not is_disk_full(e):
+        except Exception as e:  # noqa: BLE001  (a full disk or a damaged record: one line)
+            message = disk_full_message(name, e) if is_disk_full(e) else damaged_record_message(e)
+            if message is None:
                 raise
-            print(f"{PROG} {name}: error: {disk_full_message(name, e)}", file=sys.stderr)
+            print(f"{PROG} {name}: error: {message}", file=sys.stderr)
             return 1
 
     return guarded_main
@@ -143,6 +144,12 @@ def is_disk_full(error: BaseException) -> bool:
         return True
     return (type(error).__module__.startswith("tensorflow")
             and "No space left on device" in str(error))
+
+
+def damaged_record_message(error: BaseException) -> str | None:
+    """One line for a damaged TFRecord met while reading a dataset (`tftrain.data.reader`)."""
+    reader = sys.modules.get("tftrain.data.reader")  # no dataset was read unless it is loaded
+    return reader.damaged_record_message(error) if reader else None
 
 
 def disk_full_message(command: str, error: BaseException) -> str:

@@ -1,6 +1,8 @@
 """`load`: a fast `tf.data` input pipeline over a tftrain TFRecord dataset."""
 from __future__ import annotations
 
+import re
+
 import tensorflow as tf
 from absl import logging
 
@@ -14,6 +16,28 @@ _DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
 RECORDS_PER_READ = 64
 # What `load` does to each batch, in order; `last_stage` stops after one (`tftrain doctor`).
 STAGES = ("read", "parse", "decode")
+# The datasets `load` opened in this process: a damaged record met later (in `fit`) is named
+# by TensorFlow only by its offset, so the error message names these.
+OPENED: dict[str, bool] = {}  # data_dir -> has a manifest (`tftrain inspect --verify` applies)
+_DAMAGED_RECORD = re.compile(r"(corrupted|truncated) record at (\d+)")
+
+
+def damaged_record_message(error: BaseException) -> str | None:
+    """One line for TensorFlow's DataLossError on a damaged TFRecord; None for other errors.
+
+    A damaged checkpoint raises DataLossError too, with other words: it is not taken for data.
+    """
+    found = (_DAMAGED_RECORD.search(str(error))
+             if isinstance(error, tf.errors.DataLossError) else None)
+    if not found:
+        return None
+    where = " or ".join(OPENED) or "the TFRecords read"
+    verify = [f"`tftrain inspect --data={d} --verify`" for d, has_manifest in OPENED.items()
+              if has_manifest]
+    how = (f"{' and '.join(verify)} names the file and record; restore that file or convert the "
+           "dataset again" if verify else "restore the damaged file or write it again")
+    return (f"a damaged record in {where}: TensorFlow found a {found.group(1)} record at byte "
+            f"{found.group(2)} of one of its files, which cannot be read on; {how}.")
 
 
 def parse_spec(features: dict) -> dict:
@@ -95,6 +119,7 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     else:
         manifest = manifest_lib.read(data_dir)
         files = manifest_lib.shard_files(data_dir, manifest, split)
+    OPENED[data_dir] = "splits" in manifest
     info = manifest.get("info", {})
     pipeline = load_pipeline(pipeline or manifest["pipeline"], **(pipeline_options or {}))
     if drop_remainder is None:
