@@ -150,3 +150,37 @@ def test_a_decode_that_cannot_be_exported_leaves_the_tensor_signature(monkeypatc
     path = export.export(model, str(tmp_path / "export"), config.data,
                          manifest_lib.read(digits_dir))
     assert set(tf.saved_model.load(path).signatures) == {"serving_default"}
+
+
+PLAIN_LOAD = """
+import os, sys
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
+import numpy as np, tf_keras
+model = tf_keras.models.load_model(sys.argv[1])
+assert not any(name.startswith(("tftrain", "pipelines")) for name in sys.modules)
+np.save(sys.argv[2], model(np.asarray(np.load(sys.argv[3]))).numpy())
+"""
+
+
+def test_plain_tf_keras_loads_the_export_without_tftrain(run, tmp_path):
+    """A model of built-in layers is saved without layer traces (rebuilt from its config), one
+    with other layers keeps them; either way a process that never imports tftrain loads it."""
+    import subprocess
+    import sys
+
+    import tensorflow_model_optimization as tfmot
+
+    images = np.random.default_rng(0).random([4, 8, 8, 1], np.float32)
+    np.save(tmp_path / "images.npy", images)
+    trained = keras.models.load_model(str(_version_dir(run)), compile=False)
+    assert not export.needs_traces(trained)
+    wrapped = tfmot.sparsity.keras.prune_low_magnitude(keras.models.clone_model(trained))
+    assert export.needs_traces(wrapped)
+    export.save_saved_model(wrapped, str(tmp_path / "wrapped"))
+    for path, model in ((_version_dir(run), trained), (tmp_path / "wrapped", wrapped)):
+        done = subprocess.run([sys.executable, "-c", PLAIN_LOAD, str(path), str(tmp_path / "out.npy"),
+                               str(tmp_path / "images.npy")], capture_output=True, text=True,
+                              timeout=240, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr[-3000:]
+        np.testing.assert_allclose(np.load(tmp_path / "out.npy"), model(images).numpy(),
+                                   rtol=1e-5, atol=1e-6)
