@@ -118,6 +118,9 @@ def _guarded(name: str, module):
     def guarded_main(argv):
         if not flags.FLAGS["verbosity"].present:  # -v N shows every library's lines again
             log_filter.install()
+        reader = sys.modules.get("tftrain.data.reader")
+        if reader:  # a command run in-process after another: name only the datasets it reads
+            reader.OPENED.clear()
         try:
             if len(argv) > 1 and not getattr(module, "ACCEPTS_ARGUMENTS", False):
                 raise ConfigError(f"unexpected arguments {argv[1:]}: every option is a --flag")
