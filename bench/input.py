@@ -13,6 +13,7 @@ For each, examples per second of:
   per-example  the naive pipeline with a parallel map and prefetch (a common hand-tuned version)
   tftrain      tftrain.data.load(training=True): interleave, shuffle, batch, parse_example,
                decode the batch, prefetch
+  untuned      the same with data.autotune=false (tf.data's autotuning off)
   cache        the same with data.cache=decoded, timed after its first pass (from memory)
 and the stages of `tftrain.data.load` (`last_stage=read`, `parse`, `decode`): the CPU each
 stage adds per example, the difference between the CPU of the pipeline cut after it and of the
@@ -47,8 +48,11 @@ RAW = "raw `TFRecordDataset` read (the limit)"
 NAIVE = "naive (`parse_single_example` map → batch)"
 PARALLEL = "per-example, parallel map + prefetch"
 TFTRAIN = "`tftrain.data.load`"
+UNTUNED = "`tftrain.data.load`, `data.autotune=false`"
 CACHED = "`tftrain.data.load`, `data.cache=decoded`, after its first pass"
 STAGE_ROW = "`tftrain.data.load`, up to {stage}"
+# Issue #15's targets: dataset -> (the row tftrain.data.load is compared with, the ratio).
+TARGETS = {"numpy": ((NAIVE, 5.0), (RAW, 0.8)), "raw": ((RAW, 0.5),), "png": ((NAIVE, 3.5),)}
 SETS = {  # name -> what the table's title says
     "numpy": "32x32x3 uint8 arrays, `numpy` pipeline (float32 `x`)",
     "raw": "32x32x3 image records, `image_encoding=raw`",
@@ -113,6 +117,7 @@ def pipelines(name: str, data_dir: str) -> dict:
             lambda s: decode(s, spec), num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH)
         .prefetch(tf.data.AUTOTUNE),
         TFTRAIN: lambda: load(data_dir, SPLIT, BATCH, training=True, seed=0),
+        UNTUNED: lambda: load(data_dir, SPLIT, BATCH, training=True, seed=0, autotune=False),
         CACHED: lambda: cached,
     }
     for stage in STAGES[:-1]:
@@ -163,7 +168,26 @@ def tables(name: str, data_dir: str, results: dict, per_round: dict) -> str:
         ratios = ", ".join(f"{ours / theirs:.2f}x"
                            for ours, theirs in zip(per_round[TFTRAIN], per_round[other]))
         lines.append(f"per round, tftrain / {label}: {ratios}")
+    lines += ["", target_table(name, results)]
     return "\n".join(lines)
+
+
+def target_table(name: str, results: dict) -> str:
+    """Each target of the dataset against the CPU limit: on C cores a pipeline that spends
+    T CPU µs per example yields at most C / T examples per second, however well it overlaps."""
+    cores = os.cpu_count() or 1
+    rows = []
+    for other, ratio in TARGETS[name]:
+        needed = ratio * results[other][0]
+        for row, label in ((TFTRAIN, "`load`"), (UNTUNED, "`load`, `data.autotune=false`")):
+            rate, cpu = results[row]
+            rows.append([f"≥ {ratio}x {'naive' if other == NAIVE else 'raw read'}", label,
+                         f"{needed:,.0f}", f"{rate:,.0f}", "yes" if rate >= needed else "no",
+                         f"{cores / cpu:,.0f}", f"{cpu * 1e6:.1f}", f"{cores / needed * 1e6:.1f}"])
+    return markdown_table(
+        ["target", "pipeline", "needs examples/s", "examples/s", "met", f"limit on {cores} cores "
+         "(cores / CPU per example)", "CPU µs/example", "CPU µs/example the target allows"],
+        rows, ["l", "l", "r", "r", "l", "r", "r", "r"])
 
 
 def main() -> None:

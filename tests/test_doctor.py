@@ -69,6 +69,10 @@ def test_input_bound_run_gets_a_fix_that_really_speeds_up_its_input(noise_pngs):
     fix = result["suggestions"][0]
     assert fix["change"] == "data.cache=decoded" and fix["for_input"], result["suggestions"]
     assert fix["speedup"] >= advice.HELPS
+    # tf.data's autotuning off is tried too, and suggested exactly when it helped
+    (autotune,) = [t for t in result["tried"] if t["change"] == advice.AUTOTUNE_OFF]
+    suggested = [s for s in result["suggestions"] if s["change"] == advice.AUTOTUNE_OFF]
+    assert bool(suggested) == (autotune["speedup"] >= advice.HELPS), result["tried"]
 
     fixed = _run(f"{overrides},{fix['change']}")
     assert fixed["examples_per_second"]["input_alone"] >= 2 * rates["input_alone"], (

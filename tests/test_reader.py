@@ -81,6 +81,13 @@ def test_deterministic_training_order_is_the_same_for_every_iterator(two_shard_d
     assert first != second  # still reshuffled each epoch, in the same way for every copy
 
 
+def test_autotune_off_reads_the_same_batches_in_the_same_order(two_shard_dir):
+    tuned = load(two_shard_dir, "train", 16, training=True, seed=5, repeat=True)
+    fixed = load(two_shard_dir, "train", 16, training=True, seed=5, repeat=True, autotune=False)
+    assert fixed.options().autotune.enabled is False and tuned.options().autotune.enabled is not False
+    assert _keys(fixed.take(200)) == _keys(tuned.take(200))
+
+
 class Pipeline(DigitsPipeline):
     """digits, counting the examples it decodes (`load(..., pipeline="tests.test_reader")`)."""
 

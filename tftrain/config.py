@@ -78,6 +78,9 @@ class DataConfig:
     batch_size: int = 64  # global batch size, over all replicas and workers
     shuffle_buffer: int = 10_000
     cache: str = "none"  # none | records | decoded: kept in memory after the first pass
+    # tf.data's autotuning of parallel calls and buffers; false: one parallel call per core (on
+    # a 2-core VM 1.1-1.9x the input speed, bench/input.py; `tftrain doctor` tries it)
+    autotune: bool = True
     service_address: str = ""  # host:port of a tf.data service dispatcher: train input runs there
     service_mode: str = "parallel_epochs"  # parallel_epochs | distributed_epoch (tf.data service)
 

@@ -72,6 +72,8 @@ def run(config, steps: int = DEFAULT_STEPS, convert_data: bool = True) -> dict:
     verdict = advice.verdict(rates)
     if verdict == advice.INPUT_BOUND:
         tried, text, whys = advice.try_cache(strategy, config, manifest, rates, steps)
+        tried += advice.try_autotune_off(strategy, config, rates, steps, fill)
+        whys[advice.AUTOTUNE_OFF] = advice.AUTOTUNE_WHY
         text += advice.input_text(config, manifest, stages)
     else:
         tried = advice.try_steps_per_execution(config, rates, model_alone)

@@ -2,8 +2,8 @@
 
 Input-bound means the model alone trains at least INPUT_BOUND_MARGIN times faster than the
 input alone delivers examples: the model would wait on the input by a clear margin. Otherwise
-the run is compute-bound. A change the doctor can make in this process (an in-memory cache, more
-steps per execution) is tried, and suggested only when it measured at least HELPS times faster.
+the run is compute-bound. A change the doctor can make in this process (an in-memory cache,
+tf.data's autotuning off, more steps per execution) is tried, and suggested only when it measured at least HELPS times faster.
 Changes it cannot try here (reconverting, other machines) are advice text, chosen from the
 costliest input stage.
 """
@@ -117,6 +117,24 @@ def try_cache(strategy, config, manifest: dict, rates: measure.Rates, steps: int
         if rate >= HELPS * rates.input_alone:
             break  # the best cache that fits helps: the smaller one would help less
     return tried, text, whys
+
+
+AUTOTUNE_OFF = "data.autotune=false"
+AUTOTUNE_WHY = ("tf.data's autotuning off: every parallel read and map runs one call per core "
+                "from the start (on small hosts autotuning can leave a core idle)")
+
+
+def try_autotune_off(strategy, config, rates: measure.Rates, steps: int,
+                     fill_steps: int) -> list[Trial]:
+    """Tries the configured input with tf.data's autotuning off (when it is on); its first
+    round warms up `fill_steps` (the pass that fills a cache)."""
+    if not config.data.autotune:
+        return []
+    dataset = measure.training_input(strategy, config, autotune=False)
+    fill = [fill_steps]
+    rate = measure.best(lambda: measure.input_rate(
+        dataset, steps, measure.examples_per_step(config), warmup=fill.pop() if fill else 0))
+    return [Trial(AUTOTUNE_OFF, "input alone", rates.input_alone, rate)]
 
 
 def input_text(config, manifest: dict, stages: list[stages_lib.Stage]) -> list[Suggestion]:

@@ -57,8 +57,9 @@ def training_input_kwargs(config: config_lib.Config) -> dict:
     """`reader.load`'s keyword arguments for the training input (what `tftrain doctor` times too)."""
     data = config.data
     return dict(training=True, shuffle_buffer=data.shuffle_buffer, cache=data.cache, repeat=True,
-                seed=config.train.seed, service_address=data.service_address,
-                service_mode=data.service_mode, **foreign.load_kwargs(data))
+                seed=config.train.seed, autotune=data.autotune,
+                service_address=data.service_address, service_mode=data.service_mode,
+                **foreign.load_kwargs(data))
 
 
 def build_and_compile(config: config_lib.Config, manifest: dict, plan,
