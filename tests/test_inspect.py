@@ -130,3 +130,29 @@ def test_training_on_a_damaged_record_is_one_line_naming_the_dataset(digits_dir,
     assert f"`tftrain inspect --data={data} --verify` names the file and record" in line
     assert cli("inspect", f"--data={data}", "--verify") == 1  # and it does
     assert f"{name}, record 300: corrupt record" in capsys.readouterr().err
+
+
+def test_training_on_a_raw_image_of_the_wrong_size_is_one_line(digits_dir, tmp_path, cli, capsys):
+    """A shard rewritten after the conversion (valid records, one image 2 bytes short)."""
+    data = tmp_path / "digits"
+    shutil.copytree(digits_dir, data)
+    manifest = json.loads((data / "dataset.json").read_text())
+    assert manifest["info"]["image_encoding"] == "raw"
+    path = data / manifest["splits"]["train"]["shards"][0]["file"]
+    records = [bytes(r) for r in tf.data.TFRecordDataset(str(path)).as_numpy_iterator()]
+    example = tf.train.Example.FromString(records[100])
+    pixels = example.features.feature["image/encoded"].bytes_list
+    pixels.value[0] = pixels.value[0][:-2]
+    records[100] = example.SerializeToString()
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record in records:
+            writer.write(record)
+    code = cli("train", f"--model_dir={tmp_path / 'run'}",
+               f"--params_override=data.dir={data},train.epochs=1,model.name=mlp,"
+               "model.params={hidden_units: [16]}")
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err[-3000:]
+    (line,) = [line for line in err.splitlines() if line.startswith("tftrain train: error:")]
+    assert (f"a record in {data} does not match its manifest: an image_encoding=raw image of 62 "
+            "bytes where image_size 8x8x1 needs 64" in line), line
+    assert cli("inspect", f"--data={data}", "--verify") == 1  # the shard is not the one written

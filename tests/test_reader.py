@@ -89,11 +89,14 @@ def test_autotune_off_reads_the_same_batches_in_the_same_order(two_shard_dir):
 
 
 class Pipeline(DigitsPipeline):
-    """digits, counting the examples it decodes (`load(..., pipeline="tests.test_reader")`)."""
+    """digits, counting the examples it decodes (`load(..., pipeline="tests.test_reader")`);
+    its decode also looks up features that none of its outputs depends on."""
 
     decoded: list[int] = []
 
     def decode(self, features, info):
+        unused = tf.strings.length(features["image/filename"]) + tf.size(features["image/format"])
+        del unused
         images, labels = super().decode(features, info)
         counted = tf.numpy_function(lambda n: Pipeline.decoded.append(int(n)) or n,
                                     [tf.shape(labels)[0]], tf.int32)
@@ -173,3 +176,37 @@ def test_the_training_order_for_a_seed_is_pinned(tmp_path):
     # Batch 27 onwards: inside the second pass (200 records), after a resume.
     assert ids(start_batch=27) == [198, 38, 130, 113, 57, 22, 6, 13, 0, 80, 120, 42, 39, 91, 8,
                                    14, 155, 25, 144, 105, 192, 148, 23, 29]
+
+
+def test_only_the_features_decode_uses_are_parsed(digits_dir, tmp_path):
+    from tftrain.data.reader import features_reached, parse_spec
+
+    manifest = manifest_lib.read(digits_dir)
+    schema = parse_spec(manifest["features"])
+    assert len(schema) == 7 and manifest["info"]["image_encoding"] == "raw"
+    digits = load_pipeline("digits")
+    assert features_reached(schema, digits, manifest["info"]) == {"image/encoded",
+                                                                  "image/class/label"}
+    assert features_reached(schema, digits, manifest["info"], part="inputs") == {"image/encoded"}
+    parsed = next(iter(load(digits_dir, "test", 8, training=False, last_stage="parse")))
+    assert set(parsed) == {"image/encoded", "image/class/label"}
+    # PNGs: whether they are stored at the training size decides on a resize (height, width)
+    png_dir = str(tmp_path / "png")
+    write_dataset(load_pipeline("digits", image_encoding="png"), "", png_dir, workers=1,
+                  progress=False)
+    png = manifest_lib.read(png_dir)
+    assert features_reached(parse_spec(png["features"]), digits, png["info"]) == {
+        "image/encoded", "image/class/label", "image/height", "image/width"}
+    # a decode looking up features that reach no output gets stand-ins, and the same batches
+    reference = _keys(load(digits_dir, "test", 20, training=False))
+    assert _keys(load(digits_dir, "test", 20, training=False, pipeline="tests.test_reader")) == reference
+    assert _keys(load(png_dir, "test", 20, training=False)) == reference
+
+
+def test_features_behind_a_control_dependency_are_parsed(digits_dir):
+    """`Pipeline` above counts its batches with a stateful op that its label waits on."""
+    from tftrain.data.reader import features_reached, parse_spec
+
+    manifest = manifest_lib.read(digits_dir)
+    reached = features_reached(parse_spec(manifest["features"]), Pipeline(), manifest["info"])
+    assert reached == {"image/encoded", "image/class/label"}

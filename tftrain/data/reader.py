@@ -6,7 +6,7 @@ import re
 import tensorflow as tf
 from absl import logging
 
-from pipelines import load_pipeline
+from pipelines import images, load_pipeline
 from tftrain.config import CACHE_MODES
 from tftrain.data import manifest as manifest_lib
 from tftrain.data import order
@@ -20,18 +20,29 @@ STAGES = ("read", "parse", "decode")
 # by TensorFlow only by its offset, so the error message names these.
 OPENED: dict[str, bool] = {}  # data_dir -> has a manifest (`tftrain inspect --verify` applies)
 _DAMAGED_RECORD = re.compile(r"(corrupted|truncated) record at (\d+)")
+_WRONG_RAW_SIZE = re.compile(re.escape(images.RAW_SIZE_MISMATCH)
+                             + r": (\d+) bytes \(image_size (\S+)\) expected, found\] \[(\d+)")
 
 
 def damaged_record_message(error: BaseException) -> str | None:
-    """One line for TensorFlow's DataLossError on a damaged TFRecord; None for other errors.
+    """One line for TensorFlow's DataLossError on a damaged TFRecord, or for a raw image record
+    of the wrong size; None for other errors.
 
     A damaged checkpoint raises DataLossError too, with other words: it is not taken for data.
     """
+    where = " or ".join(OPENED) or "the TFRecords read"
+    wrong_size = (_WRONG_RAW_SIZE.search(str(error))
+                  if isinstance(error, tf.errors.InvalidArgumentError) else None)
+    if wrong_size:
+        expected, shape, found = wrong_size.groups()
+        return (f"a record in {where} does not match its manifest: an image_encoding=raw image of "
+                f"{found} bytes where image_size {shape} needs {expected}. The files were changed "
+                "after the conversion (`tftrain inspect --verify` checks them against the "
+                "manifest); convert the dataset again.")
     found = (_DAMAGED_RECORD.search(str(error))
              if isinstance(error, tf.errors.DataLossError) else None)
     if not found:
         return None
-    where = " or ".join(OPENED) or "the TFRecords read"
     verify = [f"`tftrain inspect --data={d} --verify`" for d, has_manifest in OPENED.items()
               if has_manifest]
     how = (f"{' and '.join(verify)} names the file and record; restore that file or convert the "
@@ -50,6 +61,56 @@ def parse_spec(features: dict) -> dict:
         else:
             spec[name] = tf.io.FixedLenFeature(feature["shape"], dtype, feature.get("default"))
     return spec
+
+
+def features_reached(spec: dict, pipeline, info: dict, part: str = "all") -> set[str]:
+    """The features of `spec` on which `pipeline.decode`'s outputs depend: `part` "all" (inputs
+    and label) or "inputs". Found by tracing `decode` once on a parsed batch and walking its
+    graph back from those outputs and its stateful ops, through data and control inputs."""
+    parsed = {}
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
+    def decoded(serialized):
+        parsed.update(tf.io.parse_example(serialized, spec))
+        inputs, label = pipeline.decode(dict(parsed), info)
+        return tf.nest.flatten(inputs if part == "inputs" else (inputs, label),
+                               expand_composites=True)
+
+    graph = decoded.get_concrete_function().graph
+    tensors, ops = set(), set()
+    pending = list(graph.outputs) + ([] if part == "inputs" else list(graph.control_outputs))
+    while pending:
+        item = pending.pop()
+        if isinstance(item, tf.Tensor):
+            if item.name not in tensors:
+                tensors.add(item.name)
+                pending.append(item.op)
+        elif item.name not in ops:
+            ops.add(item.name)
+            pending.extend(item.inputs)
+            for control in item.control_inputs:
+                if control.type.startswith("ParseExample"):  # waits on the whole parse
+                    return set(parsed)
+                pending.append(control)
+    return {name for name, value in parsed.items()
+            if any(t.name in tensors for t in tf.nest.flatten(value, expand_composites=True))}
+
+
+def unparsed_stand_ins(schema: dict, parsed: dict, serialized: tf.Tensor) -> dict:
+    """Zeros for the features of `schema` left out of `parsed` (no output depends on them), so
+    a decode that looks them up still finds a value of their type and shape."""
+    batch = tf.shape(serialized, out_type=tf.int64)[0]
+    stand_ins = {}
+    for name, feature in schema.items():
+        if name in parsed:
+            continue
+        if isinstance(feature, tf.io.RaggedFeature):
+            stand_ins[name] = tf.RaggedTensor.from_row_lengths(
+                tf.zeros([0], feature.dtype), tf.zeros([batch], tf.int64))
+        else:
+            stand_ins[name] = tf.zeros(tf.concat([[batch], tf.constant(feature.shape, tf.int64)], 0),
+                                       feature.dtype)
+    return stand_ins
 
 
 def foreign_files(pattern: str, split: str) -> list[str]:
@@ -93,7 +154,8 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     current pass are read but not parsed, the earlier passes not read at all. Without `repeat`,
     training yields one pass, reshuffled each time it is iterated. `deterministic=False` lets
     the parallel reads and maps hand over elements out of order (the order is then not exact).
-    Examples are batched first and then parsed and decoded a batch at a time.
+    Examples are batched first and then parsed and decoded a batch at a time; only the
+    features that the decoded `(inputs, label)` depend on are parsed (`features_reached`).
     `autotune=False` turns tf.data's autotuning off: the parallel reads and maps then run as
     many calls as there are cores from the start, which a small host (2 cores) reads faster with.
 
@@ -138,14 +200,20 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
             "worker reads all files). Convert with --num_shards >= %d to shard by file.",
             split, len(files), num_pipelines, num_pipelines)
     own_files = files[pipeline_id::num_pipelines] if by_file else files
-    spec = parse_spec(manifest.get("features") or pipeline.features(info))
+    schema = parse_spec(manifest.get("features") or pipeline.features(info))
+    # Only what decode's outputs depend on is parsed: every other feature (image/filename,
+    # image/class/text, ...) would cost a copy per example for nothing.
+    reached = features_reached(schema, pipeline, info)
+    spec = {name: feature for name, feature in schema.items() if name in reached}
 
     @tf.autograph.experimental.do_not_convert  # plain TF ops; AutoGraph only warns about closures
     def parse_and_decode(serialized):
         if last_stage == "read":
             return serialized
         features = tf.io.parse_example(serialized, spec)
-        return features if last_stage == "parse" else pipeline.decode(features, info)
+        if last_stage == "parse":
+            return features
+        return pipeline.decode({**unparsed_stand_ins(schema, spec, serialized), **features}, info)
 
     def read(file_seed=None, reshuffle=False) -> tf.data.Dataset:
         """This pipeline's serialized records, its files in order or shuffled by `file_seed`."""

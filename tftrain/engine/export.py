@@ -226,35 +226,13 @@ def example_spec(features: dict, pipeline, info: dict) -> dict:
     """The `tf.io.parse_example` spec of a serving request: the dataset's (`reader.parse_spec`),
     with a default for every feature that the decoded inputs do not read (the label, ...)."""
     spec = reader.parse_spec(features)
-    read = _features_read_by_inputs(spec, pipeline, info)
+    read = reader.features_reached(spec, pipeline, info, part="inputs")
     for name, feature in spec.items():
         if (name not in read and isinstance(feature, tf.io.FixedLenFeature)
                 and feature.default_value is None):
             spec[name] = feature._replace(
                 default_value=tf.zeros(feature.shape, feature.dtype).numpy())
     return spec
-
-
-def _features_read_by_inputs(spec: dict, pipeline, info: dict) -> set[str]:
-    """The features that `pipeline.decode`'s inputs (not its label) depend on, found by walking
-    its traced graph back from the inputs."""
-    parsed = {}
-
-    @tf.function(input_signature=[tf.TensorSpec([None], tf.string)], autograph=False)
-    def decoded_inputs(serialized):
-        parsed.update(tf.io.parse_example(serialized, spec))
-        inputs, _ = pipeline.decode(dict(parsed), info)
-        return tf.nest.flatten(inputs, expand_composites=True)
-
-    graph = decoded_inputs.get_concrete_function().graph
-    reached, pending = set(), list(graph.outputs)
-    while pending:
-        tensor = pending.pop()
-        if tensor.name not in reached:
-            reached.add(tensor.name)
-            pending.extend(tensor.op.inputs)
-    return {name for name, value in parsed.items()
-            if any(t.name in reached for t in tf.nest.flatten(value, expand_composites=True))}
 
 
 def _resources(obj, depth: int = 3) -> list:
