@@ -148,3 +148,29 @@ def test_callback_state_round_trip_and_old_backups():
     assert state.load()
     assert (stopper.wait, stopper.best, type(stopper.wait)) == (2, 0.75, int)
     assert not state.loaded_stopped
+
+
+def test_a_sigterm_after_the_last_step_stops_the_run_with_its_backup(tmp_path, digits_dir):
+    """The signal arrives while the last epoch ends (after its last step, no step left to act
+    on it): `fit` raises `Preempted` with the last epoch backed up, and the run trains no more."""
+    import tf_keras as keras
+
+    from tftrain.callbacks.backup import Backup, steps_done
+    from tftrain.callbacks.preemption import PreemptionCallback, SigtermHandler
+    from tftrain.data import load
+
+    class SigtermAtTheLastEpochEnd(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            if epoch == self.params["epochs"] - 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Flatten(),
+                              keras.layers.Dense(10)])
+    model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    dataset = load(digits_dir, "train", 16, training=True, repeat=True, seed=0)
+    backup_dir = str(tmp_path / "backup")
+    backup = Backup(backup_dir)
+    with SigtermHandler() as handler, pytest.raises(Preempted, match="epoch 2 step 3"):
+        model.fit(dataset, epochs=2, steps_per_epoch=3, verbose=0,
+                  callbacks=[SigtermAtTheLastEpochEnd(), backup, PreemptionCallback(handler, backup)])
+    assert handler.received and steps_done(backup_dir, 3) == 6

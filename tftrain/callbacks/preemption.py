@@ -2,9 +2,9 @@
 
 `tf.distribute.experimental.PreemptionCheckpointHandler` supports MultiWorkerMirrored only, so
 tftrain handles SIGTERM itself, for every strategy. While `fit` runs, the signal only sets a
-flag; the next `on_train_batch_end` (or validation batch) writes the backup through the
-`Backup` callback and raises `Preempted`, which the CLI turns into exit code 143
-(`PREEMPTED_EXIT_CODE`, 128 + SIGTERM as shells report it). Outside `fit` (data conversion,
+flag; the next `on_train_batch_end` (or validation batch, epoch end, or the end of `fit`)
+writes the backup through the `Backup` callback and raises `Preempted`, which the CLI turns
+into exit code 143 (`PREEMPTED_EXIT_CODE`, 128 + SIGTERM as shells report it). Outside `fit` (data conversion,
 final evaluation, export) the signal raises `Preempted` at once: the backup of the last epoch is
 already on disk. Running the same command again resumes.
 """
@@ -68,9 +68,13 @@ class PreemptionCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None):
         self.handler.deferred = False
+        self._check()  # a SIGTERM after the last step: stop before the evaluation and export
 
     def on_train_batch_end(self, batch, logs=None):
         self._check()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._check()  # a SIGTERM during the epoch's end: stop before the next epoch starts
 
     def on_test_batch_end(self, batch, logs=None):
         self._check()
