@@ -90,9 +90,10 @@ def convert(folder: str, output: str, encoding: str) -> float:
     return time.perf_counter() - started
 
 
-def rate(dataset: tf.data.Dataset) -> float:
-    """Examples per second of two full passes over `dataset`, after a warm-up pass."""
-    return examples_per_second(lambda: dataset, passes=2, warm_up=None)[0]
+def rate(dataset: tf.data.Dataset, examples: int) -> float:
+    """Examples per second of two passes' worth of the repeated `dataset` (`examples` a pass),
+    after a warm-up pass."""
+    return examples_per_second(lambda: dataset, examples=2 * examples, warm_up=examples)[0]
 
 
 def measure(folder: str, workdir: str, name: str, rounds: int) -> dict:
@@ -111,8 +112,9 @@ def measure(folder: str, workdir: str, name: str, rounds: int) -> dict:
             manifest = manifest_lib.read(output)
             files = manifest_lib.shard_files(output, manifest, "train")
             split = manifest["splits"]["train"]
-            read = rate(load(output, "train", BATCH, training=True, seed=0))
-            raw = rate(tf.data.TFRecordDataset(files).batch(BATCH))
+            read = rate(load(output, "train", BATCH, training=True, seed=0, repeat=True),
+                        split["num_examples"])
+            raw = rate(tf.data.TFRecordDataset(files).repeat().batch(BATCH), split["num_examples"])
             print(f"  round {round_index + 1} {name} {encoding}: load {read:,.0f} examples/s, "
                   f"raw read {raw:,.0f}", flush=True)
             found = best[encoding]

@@ -11,18 +11,25 @@ For each, examples per second of:
   raw          TFRecordDataset over the shards, batched, no parsing (the upper limit)
   naive        TFRecordDataset -> map(parse_single_example + decode one example) -> batch
   per-example  the naive pipeline with a parallel map and prefetch (a common hand-tuned version)
-  tftrain      tftrain.data.load(training=True): interleave, shuffle, batch, parse_example,
-               decode the batch, prefetch
+  tftrain      tftrain.data.load(training=True, repeat=True): interleave, shuffle, batch,
+               parse_example, decode the batch, prefetch (what `tftrain train` reads)
   untuned      the same with data.autotune=false (tf.data's autotuning off)
   cache        the same with data.cache=decoded, timed after its first pass (from memory)
+  unshuffled   the least work a reader of these records can do: the raw read (one file after
+               the other, batched), then load's parse and decode of whole batches in a parallel
+               map; no shuffle (so not a training order) and no interleave
 and the stages of `tftrain.data.load` (`last_stage=read`, `parse`, `decode`): the CPU each
 stage adds per example, the difference between the CPU of the pipeline cut after it and of the
 pipeline cut before it.
-Each pipeline reads a quarter of the split (--warm_up; the decoded cache its whole first pass)
-to warm up (file cache, autotuning, thread pools), then is timed over --passes full passes; this is repeated --rounds times, the pipelines taking turns, and each
-pipeline's fastest round counts (the machine may be shared: the load average is printed). The
-CPU column is the process's CPU time (all threads) per example in that round. Ratios are of the
-best rounds; the per-round tftrain/naive and tftrain/raw ratios show how much they move.
+Every pipeline is measured as `fit` reads its input: one iterator over the repeated pipeline.
+Its first batch (building the pipeline, starting its threads, filling a shuffle buffer) is
+timed apart ("first batch s"); then it reads a quarter of the split (--warm_up; the decoded
+cache its whole first pass) to warm up (file cache, autotuning, thread pools), and then
+--passes passes' worth of examples are timed. This is repeated --rounds times, the pipelines
+taking turns, and each pipeline's fastest round counts (the machine may be shared: the load
+average is printed). The CPU column is the process's CPU time (all threads) per example in
+that round. Ratios are of the best rounds; the per-round tftrain/naive and tftrain/raw ratios
+show how much they move.
 """
 from __future__ import annotations
 
@@ -39,7 +46,8 @@ import tensorflow as tf  # noqa: E402
 from bench import synthetic  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
 from tftrain.data import load, manifest as manifest_lib  # noqa: E402
-from tftrain.data.reader import STAGES, parse_spec  # noqa: E402
+from tftrain.data.reader import STAGES, features_reached, parse_spec  # noqa: E402
+from pipelines import load_pipeline  # noqa: E402
 
 BATCH = 256
 SPLIT = "train"
@@ -50,6 +58,7 @@ PARALLEL = "per-example, parallel map + prefetch"
 TFTRAIN = "`tftrain.data.load`"
 UNTUNED = "`tftrain.data.load`, `data.autotune=false`"
 CACHED = "`tftrain.data.load`, `data.cache=decoded`, after its first pass"
+UNSHUFFLED = "unshuffled: the raw read, then `load`'s parse and decode in a parallel map (the least work)"
 STAGE_ROW = "`tftrain.data.load`, up to {stage}"
 # Issue #15's targets: dataset -> (the row tftrain.data.load is compared with, the ratio).
 TARGETS = {"numpy": ((NAIVE, 5.0), (RAW, 0.8)), "raw": ((RAW, 0.5),), "png": ((NAIVE, 3.5),)}
@@ -103,44 +112,57 @@ def make_sets(root: str, examples: int, names: list[str]) -> dict:
 
 
 def pipelines(name: str, data_dir: str) -> dict:
-    """row -> a function returning a fresh dataset of one pass."""
+    """row -> a function returning a fresh repeated dataset (read by one iterator, as `fit` does)."""
     manifest = manifest_lib.read(data_dir)
     files = manifest_lib.shard_files(data_dir, manifest, SPLIT)
     spec = parse_spec(manifest["features"])
     decode = DECODE_ONE[name]
-    # One dataset for every pass, as across the epochs of a fit: the warm-up pass fills its cache.
-    cached = load(data_dir, SPLIT, BATCH, training=True, seed=0, cache="decoded")
+
+    pipeline, info = load_pipeline(manifest["pipeline"]), manifest.get("info", {})
+    reached = features_reached(spec, pipeline, info)
+    used = {key: feature for key, feature in spec.items() if key in reached}
+
+    def tftrain_load(**options):
+        return lambda: load(data_dir, SPLIT, BATCH, training=True, seed=0, repeat=True, **options)
+
     made = {
-        RAW: lambda: tf.data.TFRecordDataset(files).batch(BATCH),
-        NAIVE: lambda: tf.data.TFRecordDataset(files).map(lambda s: decode(s, spec)).batch(BATCH),
-        PARALLEL: lambda: tf.data.TFRecordDataset(files).map(
+        RAW: lambda: tf.data.TFRecordDataset(files).repeat().batch(BATCH),
+        NAIVE: lambda: tf.data.TFRecordDataset(files).repeat().map(lambda s: decode(s, spec))
+        .batch(BATCH),
+        PARALLEL: lambda: tf.data.TFRecordDataset(files).repeat().map(
             lambda s: decode(s, spec), num_parallel_calls=tf.data.AUTOTUNE).batch(BATCH)
         .prefetch(tf.data.AUTOTUNE),
-        TFTRAIN: lambda: load(data_dir, SPLIT, BATCH, training=True, seed=0),
-        UNTUNED: lambda: load(data_dir, SPLIT, BATCH, training=True, seed=0, autotune=False),
-        CACHED: lambda: cached,
+        TFTRAIN: tftrain_load(),
+        UNTUNED: tftrain_load(autotune=False),
+        CACHED: tftrain_load(cache="decoded"),
+        UNSHUFFLED: lambda: tf.data.TFRecordDataset(files).repeat().batch(BATCH).map(
+            lambda s: pipeline.decode(tf.io.parse_example(s, used), info),
+            num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE),
     }
     for stage in STAGES[:-1]:
-        made[STAGE_ROW.format(stage=stage)] = (
-            lambda stage=stage: load(data_dir, SPLIT, BATCH, training=True, seed=0, last_stage=stage))
+        made[STAGE_ROW.format(stage=stage)] = tftrain_load(last_stage=stage)
     return made
 
 
-def examples_per_second(make_dataset, passes: int, warm_up: int | None) -> tuple[float, float]:
-    """(examples/s, CPU seconds per example) over `passes` full passes, after a warm-up of
-    `warm_up` examples (None: a full pass)."""
-    def one_pass(limit=None):
+def examples_per_second(make_dataset, examples: int, warm_up: int) -> tuple[float, float, float]:
+    """(examples/s, CPU seconds per example, seconds to the first batch) of one iterator over
+    the repeated dataset `make_dataset()` makes: its first batch is timed apart, then `warm_up`
+    examples are read, then `examples` are timed (whole batches, at least `examples`)."""
+    def read(iterator, limit):
         count = 0
-        for batch in make_dataset():
-            count += int(tf.shape(tf.nest.flatten(batch)[0])[0])
-            if limit is not None and count >= limit:
-                break
+        while count < limit:
+            count += int(tf.shape(tf.nest.flatten(next(iterator))[0])[0])
         return count
 
-    one_pass(warm_up)
+    started = time.perf_counter()
+    iterator = iter(make_dataset())
+    read(iterator, 1)
+    first_batch = time.perf_counter() - started
+    read(iterator, warm_up)
     started, cpu_started = time.perf_counter(), time.process_time()
-    total = sum(one_pass() for _ in range(passes))
-    return total / (time.perf_counter() - started), (time.process_time() - cpu_started) / total
+    total = read(iterator, examples)
+    return (total / (time.perf_counter() - started), (time.process_time() - cpu_started) / total,
+            first_batch)
 
 
 def tables(name: str, data_dir: str, results: dict, per_round: dict) -> str:
@@ -152,14 +174,14 @@ def tables(name: str, data_dir: str, results: dict, per_round: dict) -> str:
     lines = [f"### {SETS[name]}: {split['num_examples']:,} records, {bytes_per_example:,.0f} "
              f"bytes/record, {len(split['shards'])} shards", "",
              markdown_table(
-                 ["pipeline", "examples/s", "vs naive", "vs raw", "CPU µs/example"],
+                 ["pipeline", "examples/s", "vs naive", "vs raw", "CPU µs/example", "first batch s"],
                  [[row, f"{rate:,.0f}", f"{rate / naive:.2f}x", f"{rate / raw:.2f}x",
-                   f"{cpu * 1e6:.1f}"] for row, (rate, cpu) in results.items()
-                  if row not in stage_rows], ["l", "r", "r", "r", "r"]), ""]
+                   f"{cpu * 1e6:.1f}", f"{first:.2f}"] for row, (rate, cpu, first) in results.items()
+                  if row not in stage_rows], ["l", "r", "r", "r", "r", "r"]), ""]
     cut = [results[STAGE_ROW.format(stage=s)] for s in STAGES[:-1]] + [results[TFTRAIN]]
     before = 0.0
     stage_table = []
-    for stage, (rate, cpu) in zip(STAGES, cut):
+    for stage, (rate, cpu, _) in zip(STAGES, cut):
         stage_table.append([stage, f"{rate:,.0f}", f"{cpu * 1e6:.1f}", f"{(cpu - before) * 1e6:.1f}"])
         before = cpu
     lines += [markdown_table(["`tftrain.data.load` up to", "examples/s", "CPU µs/example",
@@ -179,8 +201,9 @@ def target_table(name: str, results: dict) -> str:
     rows = []
     for other, ratio in TARGETS[name]:
         needed = ratio * results[other][0]
-        for row, label in ((TFTRAIN, "`load`"), (UNTUNED, "`load`, `data.autotune=false`")):
-            rate, cpu = results[row]
+        for row, label in ((TFTRAIN, "`load`"), (UNTUNED, "`load`, `data.autotune=false`"),
+                           (UNSHUFFLED, "unshuffled (the least work)")):
+            rate, cpu, _ = results[row]
             rows.append([f"≥ {ratio}x {'naive' if other == NAIVE else 'raw read'}", label,
                          f"{needed:,.0f}", f"{rate:,.0f}", "yes" if rate >= needed else "no",
                          f"{cores / cpu:,.0f}", f"{cpu * 1e6:.1f}", f"{cores / needed * 1e6:.1f}"])
@@ -194,10 +217,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--examples", type=int, default=56_000)  # train split >= 50,000
     parser.add_argument("--data", default="/tmp/tftrain-bench")
-    parser.add_argument("--passes", type=int, default=1)
+    parser.add_argument("--passes", type=float, default=1, help="examples timed, in passes")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warm_up", type=float, default=0.25,
-                        help="the warm-up before each timed pass, in passes (the cache: 1)")
+                        help="the warm-up before the timed examples, in passes (the cache: 1)")
     parser.add_argument("--sets", default=",".join(SETS), help="which datasets: numpy,raw,png")
     args = parser.parse_args()
     names = [n for n in args.sets.split(",") if n]
@@ -210,15 +233,16 @@ def main() -> None:
     per_round: dict[str, dict] = {n: {} for n in names}
     for round_index in range(args.rounds):
         for name, data_dir in sets.items():
-            warm_up = int(args.warm_up * manifest_lib.read(data_dir)["splits"][SPLIT]["num_examples"])
+            one_pass = manifest_lib.read(data_dir)["splits"][SPLIT]["num_examples"]
             for row, make in pipelines(name, data_dir).items():
                 # The decoded cache fills in its first pass: that one warms up in full.
-                rate, cpu = examples_per_second(make, args.passes, None if row == CACHED else warm_up)
+                warm_up = one_pass if row == CACHED else int(args.warm_up * one_pass)
+                rate, cpu, first = examples_per_second(make, int(args.passes * one_pass), warm_up)
                 print(f"  round {round_index + 1} {name}: {row} {rate:,.0f} examples/s, "
-                      f"{cpu * 1e6:.1f} CPU µs/example", flush=True)
+                      f"{cpu * 1e6:.1f} CPU µs/example, first batch {first:.2f} s", flush=True)
                 per_round[name].setdefault(row, []).append(rate)
                 if row not in results[name] or rate > results[name][row][0]:
-                    results[name][row] = (rate, cpu)
+                    results[name][row] = (rate, cpu, first)
     load_average = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\nbest of {args.rounds} rounds; load average {load_average}\n")
     print("\n\n".join(tables(n, sets[n], results[n], per_round[n]) for n in names))

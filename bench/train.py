@@ -25,8 +25,9 @@ Input wait, on the tftrain model and reader, two ways:
                    on the cores the model computes on, so this also counts that competition
 Prints two markdown tables, ratios to the floor: "XLA" (the floor, hand-written, tftrain train
 without and with runtime.jit_compile=true) and "Training step" (the floor, hand-written,
-tftrain train, the same model over the reader and over replayed batches), then one line with
-the input wait, the shared CPU and the two ratios tftrain / hand-written and XLA / without.
+tftrain train, the same model over the reader and over replayed batches), then the ratio
+tftrain train / the floor of each repeat (how much it moves), and one line with the input
+wait, the shared CPU and the two ratios tftrain / hand-written and XLA / without.
 """
 from __future__ import annotations
 
@@ -191,6 +192,8 @@ def main() -> None:
         print(markdown_table(["run", "ms/step", "ratio"],
                              [[name, f"{seconds * 1e3:.1f}", f"{seconds / plain:.2f}x"]
                               for name, seconds in rows]))
+    per_repeat = ", ".join(f"{run[2] / run[0]:.2f}x" for run in runs)
+    print(f"\nper repeat, tftrain train / the floor: {per_repeat}")
     print(f"\ninput wait (blocked on the next batch): {blocked:.1%} of the step time; shared CPU "
           f"(reader vs replay): {shared:.1%}; tftrain train / hand-written fit: {ours / hand:.2f}x; "
           f"with XLA / without: {xla / ours:.2f}x")

@@ -60,8 +60,8 @@ ENCODINGS = ("keep", "raw", "png", "jpeg", "auto")
 ENCODING_OPTIONS = ("image_encoding", "jpeg_quality")
 DEFAULT_JPEG_QUALITY = 95
 # `auto` stores raw pixels up to this many bytes per image (64x64x3), else keeps the source's
-# bytes: measured by bench/image_encoding.py, raw reads ~3x faster than PNG at 32x32x3 for 2x
-# the bytes, while at 160x160x3 it is 9x the bytes of a JPEG for ~1.7x (see docs/pipelines.md).
+# bytes: measured by bench/image_encoding.py, raw reads 2.5-3.7x faster than PNG at 32x32x3 for
+# 2x the bytes, while at 160x160x3 it is 9x the bytes of a JPEG for 1.2-1.8x (docs/pipelines.md).
 AUTO_RAW_MAX_BYTES = 64 * 64 * 3
 
 
