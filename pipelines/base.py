@@ -34,6 +34,8 @@ class BasePipeline(abc.ABC):
     name = "base"
     # Fractions used when the source has no splits of its own and none are asked for.
     default_splits: dict[str, float] = {"train": 1.0}
+    # The fractions of a `--splits` re-split, set by the converter before `prepare` (None: none).
+    requested_splits: dict[str, float] | None = None
 
     def __init__(self, **options):
         self.options = options
@@ -45,6 +47,13 @@ class BasePipeline(abc.ABC):
         process, without starting the worker processes (each would import TensorFlow for nothing).
         """
         return None
+
+    def split_of(self, key: str, source_split: str | None) -> str:
+        """The split the converter puts a row in (see `requested_splits`): for a `prepare` that
+        learns from the training rows only, such as a vocabulary."""
+        from tftrain.data.splits import split_of
+
+        return split_of(key, source_split, self.requested_splits, self.default_splits)
 
     def prepare(self, source: str) -> dict:
         """One look at the source before rows are read (class names, vocabulary, ...).

@@ -1,8 +1,8 @@
 """Text classification from JSON Lines: one `{"text": "...", "label": ...}` object per line.
 
 Tokenizing is `tf_keras.layers.TextVectorization`'s: `prepare` adapts one over the texts of the
-training split (rows whose source split, or default split, is `train`; a `--splits` re-split
-is not known to `prepare`, so its vocabulary still comes from the default training rows) and
+training split (the rows the converter puts in `train`: by their source split, or by
+`--splits` when it re-splits, so no validation or test word enters the vocabulary) and
 stores its vocabulary and settings in the manifest's `info` (`tokenizer`, `standardize`,
 `vocabulary`, `vocab_size`, `max_length`). `decode` builds the same layer from that
 vocabulary, so training, evaluation and the export (`text_inputs`, the export's raw-string
@@ -37,7 +37,6 @@ from pipelines.base import BasePipeline, Row
 from pipelines.options import check_known, get_bool, get_int, get_str
 from pipelines.sources import list_files, source_splits
 from tftrain.data import example_bytes
-from tftrain.data.splits import assign_split
 from tftrain.errors import BadRow, ConfigError
 
 OPTIONS = ("text_key", "label_key", "vocab_size", "max_length", "lowercase")
@@ -185,7 +184,7 @@ class Pipeline(BasePipeline):
                 continue  # the converter records it when it meets it in `read`
             if isinstance(label, int) and label < 0:
                 continue  # not a class id: a bad row
-            if (split or assign_split(key, self.default_splits)) == "train":
+            if self.split_of(key, split) == "train":
                 texts.append(text)
             (str_labels if isinstance(label, str) else int_labels).add(label)
         if not (str_labels or int_labels):

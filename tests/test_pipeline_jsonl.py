@@ -60,12 +60,8 @@ def test_vocabulary_is_textvectorizations_over_the_training_split(tmp_path):
     assert info["standardize"] == "lower_and_strip_punctuation"
     assert manifest["features"] == {"text": {"dtype": "string", "shape": []},
                                     "label": {"dtype": "int64", "shape": []}}
-    # adapted over the default training split's rows (prepare does not see --splits)
-    train_texts = [r["text"] for i, r in enumerate(records, start=1)
-                   if assign_split(f"reviews.jsonl:{i}", {"train": 0.8, "validation": 0.1,
-                                                           "test": 0.1}) == "train"]
-    assert 0 < len(train_texts) < len(records)
-    assert info["vocabulary"] == adapted_vocabulary(train_texts, 12, 6)
+    # adapted over the training split's rows: here (--splits=train:1.0) all of them
+    assert info["vocabulary"] == adapted_vocabulary([r["text"] for r in records], 12, 6)
 
     ids, labels = load_all(tmp_path / "out", "train")
     assert ids.shape == (41, 6) and ids.dtype == np.int32
@@ -76,6 +72,22 @@ def test_vocabulary_is_textvectorizations_over_the_training_split(tmp_path):
     words = ["hello", "world", "its", "the", "cafétime", "great"]  # punctuation stripped
     assert ids[-1].tolist() == [index.get(w, OOV_ID) for w in words]
     assert labels.tolist() == [info["class_names"].index(r["label"]) for r in records]
+
+
+@pytest.mark.parametrize("splits", [None, {"train": 0.5, "test": 0.5}])
+def test_no_validation_or_test_word_enters_the_vocabulary(tmp_path, splits):
+    """Each row has a word of its own: the vocabulary holds exactly the training rows' words,
+    whether the rows are split by default or re-split with --splits."""
+    records = [{"text": f"common word{i}", "label": i % 2} for i in range(40)]
+    src = write_jsonl(tmp_path / "rows.jsonl", records)
+    manifest = convert("jsonl", src, tmp_path / "out", splits=splits, num_shards=1)
+    fractions = splits or {"train": 0.8, "validation": 0.1, "test": 0.1}
+    train = [r["text"] for i, r in enumerate(records, start=1)
+             if assign_split(f"rows.jsonl:{i}", fractions) == "train"]
+    assert 0 < len(train) < len(records)
+    assert manifest["splits"]["train"]["num_examples"] == len(train)
+    assert sorted(manifest["info"]["vocabulary"]) == sorted(
+        {"common"} | {text.split()[1] for text in train})
 
 
 def test_datasets_converted_before_keep_their_tokenization(tmp_path):

@@ -109,6 +109,7 @@ def write_dataset_beam(pipeline, source: str, output_dir: str, *, beam_options: 
         raise ConfigError(f"bad --beam_options={beam_options!r}: {e}") from None
 
     started = time.monotonic()
+    pipeline.requested_splits = dict(splits) if splits else None
     info = pipeline.prepare(source)
     plan, _ = writer.make_plan(pipeline, source, info, output_dir, splits=splits,
                                num_shards=num_shards, shard_size_mb=shard_size_mb, workers=1,

@@ -21,7 +21,7 @@ import posixpath
 from tftrain import ownership
 from tftrain.data import example_bytes, processes
 from tftrain.data import manifest as manifest_lib
-from tftrain.data.splits import assign_shard, assign_split
+from tftrain.data.splits import assign_shard, split_of
 from tftrain.data.shard_worker import RowFailed
 from tftrain.errors import BadRow, ConfigError, DataError
 
@@ -47,9 +47,7 @@ class ShardPlan:
 
     def split_of(self, row) -> str:
         """The split of a row: its source split, unless --splits re-splits everything."""
-        if row.split and not self.fractions:
-            return row.split
-        return assign_split(row.key, self.fractions or self.default_fractions)
+        return split_of(row.key, row.split, self.fractions, self.default_fractions)
 
     def num_shards(self, split: str) -> int:
         """The number of shards of `split`."""

@@ -41,6 +41,15 @@ def assign_split(key: str, fractions: dict[str, float]) -> str:
     return name  # rounding at the very top of [0, 1)
 
 
+def split_of(key: str, source_split: str | None, fractions: dict[str, float] | None,
+             default_fractions: dict[str, float]) -> str:
+    """The split the converter puts a row in: its source split, unless `fractions` (--splits)
+    re-split every row by its key; a row without a source split by `default_fractions`."""
+    if source_split and not fractions:
+        return source_split
+    return assign_split(key, fractions or default_fractions)
+
+
 def assign_shard(key: str, num_shards: int, seed: int) -> int:
     """The shard of a row within its split, spread evenly and reproducibly by `seed`."""
     return int(unit_hash(key, f"shard{seed}") * num_shards)

@@ -122,6 +122,7 @@ def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
     if processes.needs_workers(pipeline, source, workers):
         processes.warm_up()  # its TensorFlow import overlaps prepare() and the sample
     started = time.monotonic()
+    pipeline.requested_splits = dict(splits) if splits else None
     info = pipeline.prepare(source)
     plan, estimated_rows = make_plan(pipeline, source, info, output_dir, splits=splits,
                                      num_shards=num_shards, shard_size_mb=shard_size_mb,
