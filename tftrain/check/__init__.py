@@ -155,7 +155,7 @@ def _read_manifest(config, report: Report, convert_data: bool = True) -> dict | 
         return manifest_lib.exists(data.dir)
 
     try:
-        found = distribute._bounded(probe, DATA_TIMEOUT)
+        found = distribute.run_bounded(probe, DATA_TIMEOUT, "data-probe")
         manifest = foreign.read_manifest(data) if found else None
     except TimeoutError:
         report.extend([Finding(ADVICE, "data", f"data.dir={data.dir} did not answer within "

@@ -238,7 +238,7 @@ def _tpu(runtime):
         return resolver
 
     try:
-        resolver = _bounded(connect, timeout)
+        resolver = run_bounded(connect, timeout, "tpu-connect")
     except TimeoutError:
         raise TftrainError(
             f"TPU {tpu!r} did not answer within runtime.tpu_timeout={timeout}s (connect and "
@@ -274,11 +274,13 @@ def _check_reachable(address: str, timeout: float) -> None:
                            f"({e.strerror or e}). {_TPU_HINT}") from None
 
 
-def _bounded(fn, timeout: float):
-    """Runs `fn()` in a daemon thread; its result, its exception, or TimeoutError after `timeout`s.
+def run_bounded(fn, timeout: float, name: str = "bounded"):
+    """Runs `fn()` in a daemon thread named `name`; its result, its exception, or TimeoutError
+    after `timeout`s.
 
     TensorFlow's TPU connect can block forever on an address that accepts connections but does
-    not speak its protocol; the daemon thread is abandoned and the process can still exit.
+    not speak its protocol (and a remote `data.dir` on a stalled file system likewise); the
+    daemon thread is abandoned and the process can still exit.
     """
     import threading
 
@@ -290,7 +292,7 @@ def _bounded(fn, timeout: float):
         except BaseException as e:  # noqa: BLE001  (re-raised in the caller's thread)
             result["error"] = e
 
-    thread = threading.Thread(target=run, name="tpu-connect", daemon=True)
+    thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
