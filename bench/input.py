@@ -1,6 +1,7 @@
 """Input pipeline throughput: `tftrain.data.load` against a naive pipeline and a raw read.
 
-    python bench/input.py [--examples=56000] [--data=/tmp/tftrain-bench] [--rounds=3] [--sets=numpy,raw,png]
+    python bench/input.py [--examples=56000] [--data=/tmp/tftrain-bench] [--passes=1] [--rounds=3]
+                          [--warm_up=0.25] [--sets=numpy,raw,png]
 
 Three datasets of the same 32x32x3 images (bench/synthetic.py, made once into --data; the train
 split, ~90% of --examples, is read), side by side:
