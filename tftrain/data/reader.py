@@ -204,7 +204,7 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     # Only what decode's outputs depend on is parsed: every other feature (image/filename,
     # image/class/text, ...) would cost a copy per example for nothing.
     reached = features_reached(schema, pipeline, info)
-    spec = {name: feature for name, feature in schema.items() if name in reached}
+    spec = {name: feature for name, feature in schema.items() if name in reached} or schema
 
     @tf.autograph.experimental.do_not_convert  # plain TF ops; AutoGraph only warns about closures
     def parse_and_decode(serialized):
