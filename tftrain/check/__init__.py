@@ -278,7 +278,7 @@ def _hiding_device_warning():
 
 def _host_batch(estimate) -> int:
     """One replica's batch, reduced to fit HOST_SHARE of this machine's free memory (0: none)."""
-    free = _available_memory()
+    free = available_memory()
     if free is None:
         return estimate.batch
     budget = HOST_SHARE * free - estimate.state_bytes
@@ -287,7 +287,7 @@ def _host_batch(estimate) -> int:
     return max(1, min(estimate.batch, int(budget // max(estimate.bytes_per_example, 1))))
 
 
-def _available_memory() -> int | None:
+def available_memory() -> int | None:
     """Bytes of memory available to a new process (Linux MemAvailable), or None if unknown."""
     try:
         with open("/proc/meminfo") as f:

@@ -78,13 +78,13 @@ def try_cache(strategy, config, manifest: dict, rates: measure.Rates, steps: int
 
     Returns the trials, advice for a cache that cannot be tried here, and why each change helps.
     """
-    from tftrain.check import _available_memory
+    from tftrain.check import available_memory
     from tftrain.errors import DataError
 
     split = manifest["splits"][config.data.train_split]
     examples = split["num_examples"]
     fill_seconds = examples / rates.input_alone
-    free = _available_memory()
+    free = available_memory()
     candidates = {"decoded": ("no reading, parsing or decoding after the first epoch",
                               examples * measure.example_bytes(config)),
                   "records": ("no file reads after the first epoch",
