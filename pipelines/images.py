@@ -15,6 +15,7 @@ import io
 import struct
 import zlib
 
+from pipelines import raw_bytes
 from pipelines.options import get_int
 from tftrain.data import example_bytes
 from tftrain.errors import BadRow, ConfigError
@@ -207,28 +208,15 @@ def decode_image_batch(features: dict, height: int, width: int, channels: int,
     return images, labels
 
 
-# What the reader's error says when a raw record does not hold image_size's bytes (a dataset
-# changed after its conversion): `tftrain.data.reader.damaged_record_message` turns it into one line.
-RAW_SIZE_MISMATCH = "image_encoding=raw record of the wrong size"
-
-
 def _decode_raw_batch(features: dict, stored, height: int, width: int, channels: int):
     """Raw uint8 pixels of the `stored` [height, width, channels] -> the decoded batch, with the
     same ops as the JPEG/PNG path on images stored at size (so the values are identical)."""
     import tensorflow as tf
 
     stored_height, stored_width, stored_channels = stored
-    encoded = features["image/encoded"]
-    batch = encoded.shape[0] if encoded.shape[0] is not None else -1  # keep a static batch size
-    size = stored_height * stored_width * stored_channels
-    lengths = tf.strings.length(encoded)
-    wrong = tf.not_equal(lengths, size)
-    right_size = tf.debugging.Assert(tf.logical_not(tf.reduce_any(wrong)), [
-        f"{RAW_SIZE_MISMATCH}: {size} bytes (image_size {stored_height}x{stored_width}x"
-        f"{stored_channels}) expected, found", tf.boolean_mask(lengths, wrong)[:1]])
-    with tf.control_dependencies([right_size]):
-        images = tf.reshape(tf.io.decode_raw(encoded, tf.uint8),
-                            [batch, stored_height, stored_width, stored_channels])
+    images = raw_bytes.decode_batch(
+        features["image/encoded"], tf.uint8, stored, "image_encoding=raw image",
+        f"image_size {stored_height}x{stored_width}x{stored_channels}")
     images = tf.cast(images, tf.float32)
     if stored_channels != channels:  # read with other channels than converted: rare, vectorized
         images = (tf.image.grayscale_to_rgb(images) if channels == 3

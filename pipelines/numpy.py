@@ -10,7 +10,10 @@ Rows are streamed: a local `.npy` is memory-mapped, and an `.npz` member (or a r
 read a chunk of rows at a time from its header offset, so an array larger than memory converts.
 Each worker reads its own contiguous range of rows.
 
-Features: `x` float32 of the array's row shape; `y` int64 class ids (integer labels,
+Features: `x` float32 of the array's row shape (with `x_encoding=raw`, an integer or boolean
+array is stored instead as the bytes of its own dtype, little-endian: a uint8 array takes a
+quarter of the bytes, and `decode` casts it to float32 with one `decode_raw` per batch, the same
+values); `y` int64 class ids (integer labels,
 `info["num_classes"]` = max + 1) or float32 (regression, any row shape). The labels' statistics
 (distinct values, range, mean and standard deviation) go to `info["label_stats"]`: `task.type=auto`
 trains float targets, and whole numbers with many distinct values, as regression. A row with NaN or
@@ -24,13 +27,15 @@ import zipfile
 
 import numpy as np
 
+from pipelines import raw_bytes
 from pipelines.base import BasePipeline, Row
 from pipelines.options import check_known, get_bool, get_str
 from pipelines.sources import SPLIT_NAMES
 from tftrain.data import example_bytes
 from tftrain.errors import BadRow, ConfigError
 
-OPTIONS = ("x_key", "y_key", "allow_nan")
+OPTIONS = ("x_key", "y_key", "allow_nan", "x_encoding")
+X_ENCODINGS = ("float32", "raw")
 CHUNK_BYTES = 8 << 20
 
 
@@ -143,6 +148,10 @@ class Pipeline(BasePipeline):
         self.x_key = get_str(options, "x_key", "x")
         self.y_key = get_str(options, "y_key", "y")
         self.allow_nan = get_bool(options, "allow_nan")
+        self.x_encoding = (get_str(options, "x_encoding", "float32") or "float32").lower()
+        if self.x_encoding not in X_ENCODINGS:
+            raise ConfigError(f"pipeline option x_encoding={options['x_encoding']!r} must be one of "
+                              f"{', '.join(X_ENCODINGS)}.")
 
     def _pairs(self, source: str) -> dict[str | None, tuple[ArrayFile, ArrayFile]]:
         """Source split (or None) -> its (x, y) arrays."""
@@ -191,12 +200,21 @@ class Pipeline(BasePipeline):
                 raise ConfigError(f"{x} has dtype {x.dtype}; features must be numeric.")
             if len(x) != len(y):
                 raise ConfigError(f"{x} has {len(x)} rows but {y} has {len(y)}; they must match.")
+        x_dtypes = {x.dtype for x, _ in pairs.values()}
+        if self.x_encoding == "raw" and (len(x_dtypes) > 1 or next(iter(x_dtypes)).kind not in "biu"):
+            raise ConfigError(f"x_encoding=raw keeps integer and boolean arrays in their own dtype; "
+                              f"numpy input {source!r} has x of dtype "
+                              f"{', '.join(sorted(map(str, x_dtypes)))}. Leave x_encoding at float32.")
         y_shape = list(y_shapes.pop())
         integer = all(y.dtype.kind in "biu" for _, y in pairs.values()) and y_shape in ([], [1])
         info = {"x_shape": list(x_shapes.pop()), "y_type": "int" if integer else "float",
                 "y_shape": [] if integer else y_shape,
                 "source_splits": sorted(s for s in pairs if s) or None,
                 "num_examples": {str(s): len(x) for s, (x, _) in pairs.items()}}
+        if self.x_encoding == "raw":
+            dtype = next(iter(x_dtypes))
+            info["x_encoding"] = "raw"
+            info["x_dtype"] = "uint8" if dtype.kind == "b" else dtype.name
         info["label_stats"] = label_stats([y for _, y in pairs.values()], integer)
         if integer:
             info["num_classes"] = 1 + max(0, int(info["label_stats"]["max"] or 0))
@@ -212,14 +230,21 @@ class Pipeline(BasePipeline):
     def features(self, info):
         label = ({"dtype": "int64", "shape": []} if info["y_type"] == "int"
                  else {"dtype": "float32", "shape": info["y_shape"]})
-        return {"x": {"dtype": "float32", "shape": info["x_shape"]}, "y": label}
+        x = ({"dtype": "string", "shape": []} if info.get("x_encoding") == "raw"
+             else {"dtype": "float32", "shape": info["x_shape"]})
+        return {"x": x, "y": label}
 
     def encode(self, row, info):
         x_row, y_row = row.value
-        x = np.asarray(x_row, np.float32).ravel()
-        if not self.allow_nan and not np.isfinite(x).all():
-            raise BadRow(f"x has {int((~np.isfinite(x)).sum())} NaN or infinite value(s) "
-                         "(pass allow_nan=true to keep them)")
+        if info.get("x_encoding") == "raw":
+            stored = np.ascontiguousarray(x_row, np.dtype(info["x_dtype"]).newbyteorder("<"))
+            x_feature = example_bytes.bytes_feature(stored.tobytes())
+        else:
+            x = np.asarray(x_row, np.float32).ravel()
+            if not self.allow_nan and not np.isfinite(x).all():
+                raise BadRow(f"x has {int((~np.isfinite(x)).sum())} NaN or infinite value(s) "
+                             "(pass allow_nan=true to keep them)")
+            x_feature = example_bytes.float_feature(x)
         if info["y_type"] == "int":
             label = int(np.asarray(y_row).ravel()[0])
             if label < 0:
@@ -230,11 +255,16 @@ class Pipeline(BasePipeline):
             if not np.isfinite(values).all():
                 raise BadRow("y has NaN or infinite values")
             y = example_bytes.float_feature(values)
-        return example_bytes.example({"x": example_bytes.float_feature(x), "y": y})
+        return example_bytes.example({"x": x_feature, "y": y})
 
     def decode(self, features, info):
         import tensorflow as tf
 
+        x = features["x"]
+        if info.get("x_encoding") == "raw":
+            shape = info["x_shape"]
+            x = tf.cast(raw_bytes.decode_batch(x, info["x_dtype"], shape, "x_encoding=raw array",
+                                               "x_shape " + "x".join(map(str, shape))), tf.float32)
         label = features["y"]
-        return features["x"], tf.cast(label, tf.int32 if info["y_type"] == "int" else tf.float32)
+        return x, tf.cast(label, tf.int32 if info["y_type"] == "int" else tf.float32)
 

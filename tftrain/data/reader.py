@@ -6,7 +6,7 @@ import re
 import tensorflow as tf
 from absl import logging
 
-from pipelines import images, load_pipeline
+from pipelines import load_pipeline, raw_bytes
 from tftrain.config import CACHE_MODES
 from tftrain.data import manifest as manifest_lib
 from tftrain.data import order
@@ -20,13 +20,13 @@ STAGES = ("read", "parse", "decode")
 # by TensorFlow only by its offset, so the error message names these.
 OPENED: dict[str, bool] = {}  # data_dir -> has a manifest (`tftrain inspect --verify` applies)
 _DAMAGED_RECORD = re.compile(r"(corrupted|truncated) record at (\d+)")
-_WRONG_RAW_SIZE = re.compile(re.escape(images.RAW_SIZE_MISMATCH)
-                             + r": (\d+) bytes \(image_size (\S+)\) expected, found\] \[(\d+)")
+_WRONG_RAW_SIZE = re.compile(r"(\w+=raw \w+) " + re.escape(raw_bytes.SIZE_MISMATCH)
+                             + r": (\d+) bytes \(([^)]*)\) expected, found\] \[(\d+)")
 
 
 def damaged_record_message(error: BaseException) -> str | None:
-    """One line for TensorFlow's DataLossError on a damaged TFRecord, or for a raw image record
-    of the wrong size; None for other errors.
+    """One line for TensorFlow's DataLossError on a damaged TFRecord, or for a raw record
+    (`pipelines.raw_bytes`) of the wrong size; None for other errors.
 
     A damaged checkpoint raises DataLossError too, with other words: it is not taken for data.
     """
@@ -34,9 +34,9 @@ def damaged_record_message(error: BaseException) -> str | None:
     wrong_size = (_WRONG_RAW_SIZE.search(str(error))
                   if isinstance(error, tf.errors.InvalidArgumentError) else None)
     if wrong_size:
-        expected, shape, found = wrong_size.groups()
-        return (f"a record in {where} does not match its manifest: an image_encoding=raw image of "
-                f"{found} bytes where image_size {shape} needs {expected}. The files were changed "
+        what, expected, shape, found = wrong_size.groups()
+        return (f"a record in {where} does not match its manifest: an {what} of {found} bytes "
+                f"where {shape} needs {expected}. The files were changed "
                 "after the conversion (`tftrain inspect --verify` checks them against the "
                 "manifest); convert the dataset again.")
     found = (_DAMAGED_RECORD.search(str(error))
