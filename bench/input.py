@@ -1,11 +1,12 @@
 """Input pipeline throughput: `tftrain.data.load` against a naive pipeline and a raw read.
 
     python bench/input.py [--examples=56000] [--data=/tmp/tftrain-bench] [--passes=1] [--rounds=3]
-                          [--warm_up=0.25] [--sets=numpy,raw,png]
+                          [--warm_up=0.25] [--sets=numpy,numpy_raw,raw,png]
 
-Three datasets of the same 32x32x3 images (bench/synthetic.py, made once into --data; the train
+Four datasets of the same 32x32x3 images (bench/synthetic.py, made once into --data; the train
 split, ~90% of --examples, is read), side by side:
   numpy   the images as arrays through the `numpy` pipeline: `x` float32 [32, 32, 3], `y` int64
+  numpy_raw  the same arrays with `x_encoding=raw`: `x` stored as its uint8 bytes
   raw     image records (standard image keys) with `image_encoding=raw`: uint8 pixels
   png     image records holding 32x32x3 PNGs
 For each, examples per second of:
@@ -62,9 +63,11 @@ CACHED = "`tftrain.data.load`, `data.cache=decoded`, after its first pass"
 UNSHUFFLED = "unshuffled: the raw read, then `load`'s parse and decode in a parallel map (the least work)"
 STAGE_ROW = "`tftrain.data.load`, up to {stage}"
 # Issue #15's targets: dataset -> (the row tftrain.data.load is compared with, the ratio).
-TARGETS = {"numpy": ((NAIVE, 5.0), (RAW, 0.8)), "raw": ((RAW, 0.5),), "png": ((NAIVE, 3.5),)}
+TARGETS = {"numpy": ((NAIVE, 5.0), (RAW, 0.8)), "numpy_raw": ((NAIVE, 5.0), (RAW, 0.8)),
+           "raw": ((RAW, 0.5),), "png": ((NAIVE, 3.5),)}
 SETS = {  # name -> what the table's title says
     "numpy": "32x32x3 uint8 arrays, `numpy` pipeline (float32 `x`)",
+    "numpy_raw": "32x32x3 uint8 arrays, `numpy` pipeline, `x_encoding=raw` (uint8 `x`)",
     "raw": "32x32x3 image records, `image_encoding=raw`",
     "png": "32x32x3 image records, PNG",
 }
@@ -95,7 +98,15 @@ def decode_array(serialized, spec):
     return features["x"], tf.cast(features["y"], tf.int32)
 
 
-DECODE_ONE = {"numpy": decode_array, "raw": decode_raw_image, "png": decode_one_example}
+def decode_raw_array(serialized, spec):
+    """One `numpy` record with `x_encoding=raw`: parse, decode_raw, reshape, cast."""
+    features = tf.io.parse_single_example(serialized, spec)
+    x = tf.reshape(tf.io.decode_raw(features["x"], tf.uint8), [synthetic.SIZE, synthetic.SIZE, 3])
+    return tf.cast(x, tf.float32), tf.cast(features["y"], tf.int32)
+
+
+DECODE_ONE = {"numpy": decode_array, "numpy_raw": decode_raw_array, "raw": decode_raw_image,
+              "png": decode_one_example}
 
 
 def make_sets(root: str, examples: int, names: list[str]) -> dict:
@@ -104,8 +115,9 @@ def make_sets(root: str, examples: int, names: list[str]) -> dict:
     for name in names:
         path = os.path.join(root, f"{name}{examples // 1000}k" if name != "png"
                             else f"synthetic{examples // 1000}k")
-        if name == "numpy":
-            synthetic.make_numpy_dataset(path, examples)
+        if name in ("numpy", "numpy_raw"):
+            synthetic.make_numpy_dataset(path, examples,
+                                         x_encoding="raw" if name == "numpy_raw" else "float32")
         else:
             synthetic.make_dataset(path, examples, image_encoding="keep" if name == "png" else "raw")
         made[name] = path
@@ -222,7 +234,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warm_up", type=float, default=0.25,
                         help="the warm-up before the timed examples, in passes (the cache: 1)")
-    parser.add_argument("--sets", default=",".join(SETS), help="which datasets: numpy,raw,png")
+    parser.add_argument("--sets", default=",".join(SETS), help="which datasets: numpy,numpy_raw,raw,png")
     args = parser.parse_args()
     names = [n for n in args.sets.split(",") if n]
     unknown = sorted(set(names) - set(SETS))

@@ -39,9 +39,11 @@ def make_dataset(path: str, count: int = 56_000, num_shards: int = 16,
                          overwrite=True, progress=False)
 
 
-def make_numpy_dataset(path: str, count: int = 56_000, num_shards: int = 16) -> dict:
+def make_numpy_dataset(path: str, count: int = 56_000, num_shards: int = 16,
+                       x_encoding: str = "float32") -> dict:
     """The same `count` images as `make_dataset`, converted by the `numpy` pipeline into `path`
-    (unless already there; returns its manifest): `x` float32 [32, 32, 3] (0..255), `y` the label.
+    (unless already there; returns its manifest): `x` float32 [32, 32, 3] (0..255), `y` the label;
+    with `x_encoding="raw"` (the pipeline option), `x` is stored as its uint8 bytes.
 
     Arrays `x_<split>`/`y_<split>` (uint8, in `<path>-arrays/`) hold each split's images, in the
     split `make_dataset` puts them, so the train splits of both hold the same images.
@@ -55,7 +57,8 @@ def make_numpy_dataset(path: str, count: int = 56_000, num_shards: int = 16) -> 
 
     if manifest_lib.exists(path):
         manifest = manifest_lib.read(path)
-        if sum(s["num_examples"] for s in manifest["splits"].values()) == count:
+        stored = manifest.get("info", {}).get("x_encoding", "float32")
+        if sum(s["num_examples"] for s in manifest["splits"].values()) == count and stored == x_encoding:
             return manifest
     arrays = path.rstrip("/") + "-arrays"
     os.makedirs(arrays, exist_ok=True)
@@ -69,8 +72,8 @@ def make_numpy_dataset(path: str, count: int = 56_000, num_shards: int = 16) -> 
             images[row], labels[row] = pixels(index)
         np.save(os.path.join(arrays, f"x_{split}.npy"), images)
         np.save(os.path.join(arrays, f"y_{split}.npy"), labels)
-    return write_dataset(load_pipeline("numpy"), arrays, path, num_shards=num_shards,
-                         overwrite=True, progress=False)
+    return write_dataset(load_pipeline("numpy", x_encoding=x_encoding), arrays, path,
+                         num_shards=num_shards, overwrite=True, progress=False)
 
 
 def _key(index: int) -> str:
