@@ -36,6 +36,7 @@ from tftrain.errors import BadRow, ConfigError
 
 OPTIONS = ("x_key", "y_key", "allow_nan", "x_encoding")
 X_ENCODINGS = ("float32", "raw")
+RAW_DTYPES = ("uint8", "int8", "uint16", "int16", "int32", "int64")  # what tf.io.decode_raw reads
 CHUNK_BYTES = 8 << 20
 
 
@@ -98,6 +99,11 @@ class ArrayFile:
                 if len(data) != count * row_bytes:
                     raise ConfigError(f"{self} is truncated: it ends before row {begin + len(data) // row_bytes}.")
                 yield np.frombuffer(data, self.dtype).reshape((count, *row_shape))
+
+
+def _raw_storable(dtype: np.dtype) -> bool:
+    """Whether `x_encoding=raw` can store arrays of `dtype` (bool is stored as uint8)."""
+    return dtype.kind == "b" or dtype.name in RAW_DTYPES
 
 
 MAX_COUNTED_VALUES = 1000  # distinct label values counted beyond this are "many" (None)
@@ -201,10 +207,11 @@ class Pipeline(BasePipeline):
             if len(x) != len(y):
                 raise ConfigError(f"{x} has {len(x)} rows but {y} has {len(y)}; they must match.")
         x_dtypes = {x.dtype for x, _ in pairs.values()}
-        if self.x_encoding == "raw" and (len(x_dtypes) > 1 or next(iter(x_dtypes)).kind not in "biu"):
-            raise ConfigError(f"x_encoding=raw keeps integer and boolean arrays in their own dtype; "
-                              f"numpy input {source!r} has x of dtype "
-                              f"{', '.join(sorted(map(str, x_dtypes)))}. Leave x_encoding at float32.")
+        if self.x_encoding == "raw" and (len(x_dtypes) > 1 or not _raw_storable(next(iter(x_dtypes)))):
+            raise ConfigError(f"x_encoding=raw keeps integer and boolean arrays in their own dtype "
+                              f"({', '.join(RAW_DTYPES)} or bool); numpy input {source!r} has x of "
+                              f"dtype {', '.join(sorted(map(str, x_dtypes)))}. Leave x_encoding at "
+                              "float32.")
         y_shape = list(y_shapes.pop())
         integer = all(y.dtype.kind in "biu" for _, y in pairs.values()) and y_shape in ([], [1])
         info = {"x_shape": list(x_shapes.pop()), "y_type": "int" if integer else "float",

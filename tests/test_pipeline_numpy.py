@@ -130,5 +130,8 @@ def test_x_encoding_raw_keeps_integer_arrays_in_their_own_bytes(tmp_path, cli, c
     assert cli("convert", "--pipeline=numpy", f"--input={tmp_path / 'floats.npz'}",
                f"--output={tmp_path / 'out1'}", "--pipeline_options=x_encoding=raw") != 0
     assert "x_encoding=raw keeps integer and boolean arrays in their own dtype" in capsys.readouterr().err
+    np.savez(tmp_path / "unsigned.npz", x=np.zeros((4, 2), np.uint32), y=np.arange(4))
+    with pytest.raises(ConfigError, match="has x of dtype uint32"):  # decode_raw has no uint32
+        load_pipeline("numpy", x_encoding="raw").prepare(str(tmp_path / "unsigned.npz"))
     with pytest.raises(ConfigError, match="x_encoding='bytes' must be one of float32, raw"):
         load_pipeline("numpy", x_encoding="bytes")
