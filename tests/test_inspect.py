@@ -110,6 +110,18 @@ def test_verify_catches_missing_files_wrong_counts_and_schema_mismatch(copy):
     assert any(p.startswith(f"{second['file']}: 5 records, the manifest says") for p in problems)
 
 
+def train_error_line(cli, capsys, data, tmp_path) -> str:
+    """`tftrain train` of a small mlp on `data`: it must fail with exit 1 and one error line,
+    no traceback; returns that line."""
+    code = cli("train", f"--model_dir={tmp_path / 'run'}",
+               f"--params_override=data.dir={data},train.epochs=1,model.name=mlp,"
+               "model.params={hidden_units: [16]}")
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err[-3000:]
+    (line,) = [line for line in err.splitlines() if line.startswith("tftrain train: error:")]
+    return line
+
+
 def test_training_on_a_damaged_record_is_one_line_naming_the_dataset(digits_dir, tmp_path, cli,
                                                                       capsys):
     data = tmp_path / "digits"
@@ -120,12 +132,7 @@ def test_training_on_a_damaged_record_is_one_line_naming_the_dataset(digits_dir,
     damaged = bytearray(path.read_bytes())
     damaged[record_offset(path, 300) + 20] ^= 0x01  # inside record 300's data
     path.write_bytes(bytes(damaged))
-    code = cli("train", f"--model_dir={tmp_path / 'run'}",
-               f"--params_override=data.dir={data},train.epochs=1,model.name=mlp,"
-               "model.params={hidden_units: [16]}")
-    err = capsys.readouterr().err
-    assert code == 1 and "Traceback" not in err, err[-3000:]
-    (line,) = [line for line in err.splitlines() if line.startswith("tftrain train: error:")]
+    line = train_error_line(cli, capsys, data, tmp_path)
     assert f"a damaged record in {data}: TensorFlow found a corrupted record at byte " in line
     assert f"`tftrain inspect --data={data} --verify` names the file and record" in line
     assert cli("inspect", f"--data={data}", "--verify") == 1  # and it does
@@ -147,12 +154,7 @@ def test_training_on_a_raw_image_of_the_wrong_size_is_one_line(digits_dir, tmp_p
     with tf.io.TFRecordWriter(str(path)) as writer:
         for record in records:
             writer.write(record)
-    code = cli("train", f"--model_dir={tmp_path / 'run'}",
-               f"--params_override=data.dir={data},train.epochs=1,model.name=mlp,"
-               "model.params={hidden_units: [16]}")
-    err = capsys.readouterr().err
-    assert code == 1 and "Traceback" not in err, err[-3000:]
-    (line,) = [line for line in err.splitlines() if line.startswith("tftrain train: error:")]
+    line = train_error_line(cli, capsys, data, tmp_path)
     assert (f"a record in {data} does not match its manifest: an image_encoding=raw image of 62 "
             "bytes where image_size 8x8x1 needs 64" in line), line
     assert cli("inspect", f"--data={data}", "--verify") == 1  # the shard is not the one written
