@@ -48,7 +48,7 @@ import tensorflow as tf  # noqa: E402
 from bench import synthetic  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
 from tftrain.data import load, manifest as manifest_lib  # noqa: E402
-from tftrain.data.reader import STAGES, features_reached, parse_spec  # noqa: E402
+from tftrain.data.reader import STAGES, batch_decoder, parse_spec  # noqa: E402
 from pipelines import load_pipeline  # noqa: E402
 
 BATCH = 256
@@ -132,8 +132,7 @@ def pipelines(name: str, data_dir: str) -> dict:
     decode = DECODE_ONE[name]
 
     pipeline, info = load_pipeline(manifest["pipeline"]), manifest.get("info", {})
-    reached = features_reached(spec, pipeline, info)
-    used = {key: feature for key, feature in spec.items() if key in reached}
+    parse_and_decode = batch_decoder(spec, pipeline, info)  # what load maps over its batches
 
     def tftrain_load(**options):
         return lambda: load(data_dir, SPLIT, BATCH, training=True, seed=0, repeat=True, **options)
@@ -149,8 +148,7 @@ def pipelines(name: str, data_dir: str) -> dict:
         UNTUNED: tftrain_load(autotune=False),
         CACHED: tftrain_load(cache="decoded"),
         UNSHUFFLED: lambda: tf.data.TFRecordDataset(files).repeat().batch(BATCH).map(
-            lambda s: pipeline.decode(tf.io.parse_example(s, used), info),
-            num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE),
+            parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE).prefetch(tf.data.AUTOTUNE),
     }
     for stage in STAGES[:-1]:
         made[STAGE_ROW.format(stage=stage)] = tftrain_load(last_stage=stage)

@@ -96,6 +96,26 @@ def features_reached(spec: dict, pipeline, info: dict, part: str = "all") -> set
             if any(t.name in tensors for t in tf.nest.flatten(value, expand_composites=True))}
 
 
+def batch_decoder(schema: dict, pipeline, info: dict, last_stage: str = "decode"):
+    """The function `load` maps over batches of serialized records: `tf.io.parse_example` of the
+    features of `schema` that the decoded `(inputs, label)` depend on (`features_reached`: every
+    other one, e.g. image/filename, would cost a copy per example for nothing), then
+    `pipeline.decode`. `last_stage` (one of STAGES) stops after reading or parsing."""
+    reached = features_reached(schema, pipeline, info) if last_stage != "read" else set()
+    spec = {name: feature for name, feature in schema.items() if name in reached} or schema
+
+    @tf.autograph.experimental.do_not_convert  # plain TF ops; AutoGraph only warns about closures
+    def parse_and_decode(serialized):
+        if last_stage == "read":
+            return serialized
+        features = tf.io.parse_example(serialized, spec)
+        if last_stage == "parse":
+            return features
+        return pipeline.decode({**unparsed_stand_ins(schema, spec, serialized), **features}, info)
+
+    return parse_and_decode
+
+
 def unparsed_stand_ins(schema: dict, parsed: dict, serialized: tf.Tensor) -> dict:
     """Zeros for the features of `schema` left out of `parsed` (no output depends on them), so
     a decode that looks them up still finds a value of their type and shape."""
@@ -155,7 +175,7 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     training yields one pass, reshuffled each time it is iterated. `deterministic=False` lets
     the parallel reads and maps hand over elements out of order (the order is then not exact).
     Examples are batched first and then parsed and decoded a batch at a time; only the
-    features that the decoded `(inputs, label)` depend on are parsed (`features_reached`).
+    features that the decoded `(inputs, label)` depend on are parsed (`batch_decoder`).
     `autotune=False` turns tf.data's autotuning off: the parallel reads and maps then run as
     many calls as there are cores from the start, which a small host (2 cores) reads faster with.
 
@@ -200,20 +220,8 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
             "worker reads all files). Convert with --num_shards >= %d to shard by file.",
             split, len(files), num_pipelines, num_pipelines)
     own_files = files[pipeline_id::num_pipelines] if by_file else files
-    schema = parse_spec(manifest.get("features") or pipeline.features(info))
-    # Only what decode's outputs depend on is parsed: every other feature (image/filename,
-    # image/class/text, ...) would cost a copy per example for nothing.
-    reached = features_reached(schema, pipeline, info)
-    spec = {name: feature for name, feature in schema.items() if name in reached} or schema
-
-    @tf.autograph.experimental.do_not_convert  # plain TF ops; AutoGraph only warns about closures
-    def parse_and_decode(serialized):
-        if last_stage == "read":
-            return serialized
-        features = tf.io.parse_example(serialized, spec)
-        if last_stage == "parse":
-            return features
-        return pipeline.decode({**unparsed_stand_ins(schema, spec, serialized), **features}, info)
+    parse_and_decode = batch_decoder(parse_spec(manifest.get("features") or pipeline.features(info)),
+                                     pipeline, info, last_stage)
 
     def read(file_seed=None, reshuffle=False) -> tf.data.Dataset:
         """This pipeline's serialized records, its files in order or shuffled by `file_seed`."""
