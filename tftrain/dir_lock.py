@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import os
 import socket
+import stat
 from typing import Iterator
 
 from absl import logging
@@ -29,7 +30,7 @@ _held: dict[str, int] = {}  # lock file (real path) -> its descriptor, held by t
 
 
 def _lock_path(directory: str, name: str) -> str:
-    return os.path.realpath(os.path.join(directory, name))
+    return os.path.join(os.path.realpath(directory), name)  # the lock file itself: never a link's target
 
 
 def is_remote(directory: str) -> bool:
@@ -47,7 +48,17 @@ def acquire(directory: str, name: str, command: str) -> None:
     path = _lock_path(directory, name)
     if path in _held:
         return
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as e:  # a symlink (ELOOP), a directory, a FIFO without reader (ENXIO), ...
+        raise TftrainError(
+            f"{os.path.join(directory, name)} is not tftrain's lock file ({e.strerror}): tftrain "
+            "writes its lock only into a regular file it creates. Remove or move that entry and "
+            "run the command again.") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise TftrainError(f"{os.path.join(directory, name)} is not a regular file, so it is not "
+                           "tftrain's lock file; remove or move it and run the command again.")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -5,8 +5,12 @@ import hashlib
 import json
 import os
 import posixpath
+import shutil
+import stat
 
 import tensorflow as tf
+
+from tftrain.errors import TftrainError
 
 
 def join(*parts: str) -> str:
@@ -54,12 +58,62 @@ def read_json(path: str) -> dict:
         return json.load(f)
 
 
-def remove(path: str) -> None:
-    """Removes a file or a directory tree, if it exists."""
-    if tf.io.gfile.isdir(path):
-        tf.io.gfile.rmtree(path)
-    elif tf.io.gfile.exists(path):
-        tf.io.gfile.remove(path)
+def is_local(path: str) -> bool:
+    """True for a path on this machine's filesystem (no scheme such as gs:// or ram://)."""
+    return "://" not in path
+
+
+def is_symlink(path: str) -> bool:
+    """True for a local path that is a symbolic link (object stores have none)."""
+    return is_local(path) and os.path.islink(path)
+
+
+def is_regular_file(path: str) -> bool:
+    """True for a regular file, not reached through a symlink; any existing object of a remote
+    filesystem counts (gs:// has no links, devices or FIFOs)."""
+    if not is_local(path):
+        return tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path)
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def check_inside(path: str, directory: str) -> None:
+    """Raises TftrainError unless `path` names an entry strictly inside `directory` that is
+    reached without leaving it: no `..`, no absolute escape, no symlinked parent that points
+    elsewhere. The entry itself may be a symlink (it is then the link that is meant)."""
+    inside = posixpath.normpath(path).startswith(posixpath.normpath(directory).rstrip("/") + "/")
+    if inside and is_local(path):
+        parent = os.path.realpath(os.path.dirname(os.path.normpath(path)))
+        root = os.path.realpath(directory)
+        inside = parent == root or parent.startswith(root.rstrip("/") + "/")
+    if not inside:
+        raise TftrainError(f"{path} is not inside {directory}: tftrain reads and removes only "
+                           "entries inside the directory it was given.")
+
+
+def remove(path: str, *, within: str) -> None:
+    """Removes the file or directory tree `path`, an entry inside the directory `within`, if it
+    exists. It never follows a symlink: a link is unlinked itself, never its target, and a tree
+    is removed without following the links inside it (`shutil.rmtree` works on descriptors);
+    a path that leads out of `within` is refused (`check_inside`). Callers decide first that
+    `path` is tftrain's (`tftrain.ownership`): this is the one place that deletes."""
+    check_inside(path, within)
+    if not is_local(path):
+        if tf.io.gfile.isdir(path):
+            tf.io.gfile.rmtree(path)
+        elif tf.io.gfile.exists(path):
+            tf.io.gfile.remove(path)
+        return
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
 
 
 def file_sha256(path: str, chunk_bytes: int = 1 << 22) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import socket
 
 import tensorflow as tf
@@ -29,12 +30,19 @@ import tftrain
 from tftrain import dir_lock
 from tftrain.data import manifest as manifest_lib
 from tftrain.errors import DataError
-from tftrain.fileio import join, read_json, write_json
+from tftrain.fileio import is_regular_file, is_symlink, join, read_json, write_json
 
 MARKER = ".tftrain.json"
 CONVERT_MARKER = ".tftrain-convert.json"
 CONVERT_FORMAT = "tftrain.convert/1"
 CLAIM_SUFFIX = ".claim"
+# The names tftrain gives the files of a dataset directory (besides dataset.json, bad_rows.jsonl
+# and the lock): shards (`manifest.shard_name`) and temporary files (`.<name>.tmp-<run id>`,
+# `<name>.tmp-<pid>` of `fileio.write_atomic`).
+_OWN_DATASET_FILE = re.compile(
+    r"[^/\\.][^/\\]*-\d{5,}-of-\d{5,}\.tfrecord|\.[^/\\]+\.tmp-[\w.-]+|[^/\\]+\.tmp-\d+")
+_DATASET_FILES = {manifest_lib.MANIFEST_NAME, manifest_lib.BAD_ROWS_NAME, dir_lock.CONVERT_LOCK,
+                  CONVERT_MARKER}
 
 
 def listing(directory: str) -> set[str]:
@@ -123,8 +131,21 @@ def dataset_contents(output_dir: str) -> DatasetContents:
         mine |= _manifest_files(manifest)
     if CONVERT_MARKER in names:
         mine |= _claimed_by_marker(output_dir, names)
-    mine &= names
+    mine = {name for name in mine & names if _own_dataset_file(output_dir, name)}
     return DatasetContents(output_dir, frozenset(mine), frozenset(names - mine), manifest)
+
+
+def _own_dataset_file(output_dir: str, name: str) -> bool:
+    """A marker or a manifest is a claim anyone can write: a name it lists is tftrain's only if
+    it also has the shape tftrain gives its files and is a regular file (no link, no folder)."""
+    shaped = name in _DATASET_FILES or bool(_OWN_DATASET_FILE.fullmatch(name))
+    return shaped and is_regular_file(join(output_dir, name))
+
+
+def without_links(directory: str, names) -> set[str]:
+    """`names` less those that are symbolic links in `directory`: tftrain never creates a link,
+    so a link is never its own (and nothing is written or removed through one)."""
+    return {name for name in names if not is_symlink(join(directory, name))}
 
 
 def write_convert_marker(output_dir: str, run_id: str, files) -> None:

@@ -91,7 +91,7 @@ def contents(model_dir: str) -> Contents:
                  curves.CURVES_JSON}
         mine |= plain | {n for n in names if any(n.startswith(f"{p}.tmp-") for p in plain)}
         mine |= {n for n in _PROVEN if n in names and replaceable(join(model_dir, n), not marked)}
-    mine &= names
+    mine = ownership.without_links(model_dir, mine & names)
     return Contents(model_dir, is_run, is_run and not marked, frozenset(mine),
                     frozenset(names - mine))
 
@@ -191,7 +191,7 @@ def _claim(found: Contents) -> None:
     if SUMMARY in found.mine:
         # summary.json goes first: from here on the directory is not a finished run.
         for name in [SUMMARY, *sorted(found.mine - {SUMMARY, LOCK, ownership.MARKER})]:
-            remove(join(model_dir, name))
+            remove(join(model_dir, name), within=model_dir)
         if found.foreign:
             logging.info("kept in %s (not written by tftrain): %s", model_dir,
                          ownership.describe(found.foreign))
@@ -216,7 +216,7 @@ def lock(model_dir: str, command: str, chief: bool = True):
 def finish(model_dir: str, summary: dict) -> None:
     """Writes summary.json, which marks the run finished, deletes its backup, releases the lock."""
     write_json(join(model_dir, SUMMARY), summary)
-    remove(join(model_dir, BACKUP))
+    remove(join(model_dir, BACKUP), within=model_dir)
     release(model_dir)
 
 

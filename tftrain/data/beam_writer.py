@@ -133,7 +133,7 @@ def write_dataset_beam(pipeline, source: str, output_dir: str, *, beam_options: 
                 bad = beam.pvalue.AsList(encoded.bad)
                 _ = entries | "Summary" >> beam.Map(_write_summary, bad, plan)
             summary = read_json(plan.tmp_path(SUMMARY_NAME))
-            remove(plan.tmp_path(SUMMARY_NAME))
+            remove(plan.tmp_path(SUMMARY_NAME), within=plan.output_dir)
             manifest = writer.finish(pipeline, source, info, plan, [summary], splits,
                                      max_bad_fraction)
         except BaseException as e:

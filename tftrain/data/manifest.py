@@ -17,6 +17,7 @@ from tftrain.errors import DataError
 from tftrain.fileio import join, write_json
 
 MANIFEST_NAME = "dataset.json"
+BAD_ROWS_NAME = "bad_rows.jsonl"
 FORMAT = "tftrain.dataset/1"
 
 

@@ -42,7 +42,7 @@ from tftrain.data.record_file import RecordFile
 from tftrain.errors import ConfigError, DataError, TftrainError
 from tftrain.fileio import join, remove
 
-BAD_ROWS_NAME = "bad_rows.jsonl"
+BAD_ROWS_NAME = manifest_lib.BAD_ROWS_NAME
 # Entries that stay when a conversion clears tftrain's earlier files or fails.
 _KEPT = {dir_lock.CONVERT_LOCK, ownership.CONVERT_MARKER}
 
@@ -51,7 +51,11 @@ def check_output_dir(output_dir: str, overwrite: bool) -> ownership.DatasetConte
     """Raises unless a conversion may write into `output_dir`; returns what is there.
 
     Refused without `overwrite`: a complete dataset, and any entry tftrain did not write.
+    Always refused: an `output_dir` that exists and is not a directory.
     """
+    if tf.io.gfile.exists(output_dir) and not tf.io.gfile.isdir(output_dir):
+        raise TftrainError(f"--output={output_dir} exists and is not a directory; convert into a "
+                           "new or empty directory.")
     contents = ownership.dataset_contents(output_dir)
     if contents.manifest is not None and not overwrite:
         raise TftrainError(
@@ -92,14 +96,14 @@ def claim_output_dir(plan, overwrite: bool) -> Iterator[None]:
         ownership.write_convert_marker(output_dir, plan.run_id, writes | earlier)
         if contents.manifest is not None:
             # The manifest goes first: from here on the directory is not a dataset until rewritten.
-            tf.io.gfile.remove(join(output_dir, manifest_lib.MANIFEST_NAME))
+            remove(join(output_dir, manifest_lib.MANIFEST_NAME), within=output_dir)
         for name in sorted(earlier - {manifest_lib.MANIFEST_NAME}):
-            remove(join(output_dir, name))
+            remove(join(output_dir, name), within=output_dir)
         yield
         done = ownership.dataset_contents(output_dir)
         for name in sorted(done.mine - done.listed() - _KEPT):
-            remove(join(output_dir, name))  # claims of unforeseen shards, now in dataset.json
-        remove(join(output_dir, ownership.CONVERT_MARKER))  # last: it claims what is left
+            remove(join(output_dir, name), within=output_dir)  # claims of unforeseen shards, now in dataset.json
+        remove(join(output_dir, ownership.CONVERT_MARKER), within=output_dir)  # last: it claims what is left
 
 
 def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
@@ -297,7 +301,7 @@ def remove_shards(plan) -> None:
         if contents.manifest is not None:
             return  # dataset.json was written: the dataset is complete
         for name in sorted(contents.mine - _KEPT - {BAD_ROWS_NAME}):
-            remove(join(plan.output_dir, name))
+            remove(join(plan.output_dir, name), within=plan.output_dir)
     except (OSError, tf.errors.OpError) as e:
         logging.warning("could not clean %s: %s", plan.output_dir, e)
 
@@ -382,5 +386,4 @@ def _merge_bad_rows(plan, path: str | None) -> None:
                             out.write(chunk)
         tf.io.gfile.rename(tmp, path, overwrite=True)
     for part in parts:
-        if tf.io.gfile.exists(part):
-            tf.io.gfile.remove(part)
+        remove(part, within=plan.output_dir)

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import posixpath
 import re
 import time
 
@@ -87,7 +88,7 @@ def export(model, export_dir: str, data=None, manifest: dict | None = None) -> s
     for name in ownership.listing(export_dir) - {version, ownership.MARKER}:
         older = _VERSION_ENTRY.fullmatch(name) and ownership.replaceable(join(export_dir, name))
         if older or name in _SAVED_MODEL_ENTRIES:  # an earlier export, or an earlier layout's
-            remove(join(export_dir, name))
+            remove(join(export_dir, name), within=export_dir)
     logging.info("exported SavedModel to %s", path)
     return path
 
@@ -103,16 +104,16 @@ def save_saved_model(model, path: str, signatures: dict | None = None) -> None:
                              signatures=signatures, save_traces=needs_traces(model))
     if path.startswith("ram://"):
         # TensorFlow's in-memory filesystem loses a directory's files when it is renamed.
-        remove(path)
+        remove(path, within=posixpath.dirname(path))
         run_dir.mark_output(path)
         save(path)
         return
     tmp = path + ".tmp"
     run_dir.check_replaceable(tmp)
-    remove(tmp)
+    remove(tmp, within=posixpath.dirname(tmp))
     run_dir.mark_output(tmp)
     save(tmp)
-    remove(path)
+    remove(path, within=posixpath.dirname(path))
     tf.io.gfile.rename(tmp, path)
 
 
