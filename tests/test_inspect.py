@@ -75,8 +75,9 @@ def test_verify_names_the_record_with_a_flipped_byte(copy, cli, capsys):
     assert f"{name}, record 57: corrupt record" in err
 
 
-@pytest.mark.parametrize("into, message", [(30, r"corrupt record \(truncated"),
-                                           (9, r"truncated: the file ends after 120 of")])
+@pytest.mark.parametrize("into, message", [
+    (30, r"damaged at byte 8,212: the record claims 53 bytes but only 14 remain"),
+    (9, r"damaged at byte 8,212: the file ends inside the record's header \(9 of 12 bytes\)")])
 def test_verify_catches_a_truncated_shard(copy, into, message):
     # Cut inside record 120's data (a DataLossError), or inside its header (reads as a clean end).
     path, name = shard(copy)
@@ -154,6 +155,8 @@ def test_training_on_a_raw_image_of_the_wrong_size_is_one_line(digits_dir, tmp_p
     with tf.io.TFRecordWriter(str(path)) as writer:
         for record in records:
             writer.write(record)
+    manifest["splits"]["train"]["shards"][0]["bytes"] = path.stat().st_size  # consistent sizes
+    (data / "dataset.json").write_text(json.dumps(manifest))
     line = train_error_line(cli, capsys, data, tmp_path)
     assert (f"a record in {data} does not match its manifest: an image_encoding=raw image of 62 "
             "bytes where image_size 8x8x1 needs 64" in line), line

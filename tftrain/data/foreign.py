@@ -41,7 +41,7 @@ def describe(data, splits: list[str], count: bool = True) -> dict:
     import tensorflow as tf
 
     from pipelines import load_pipeline
-    from tftrain.data import reader
+    from tftrain.data import dataset_files, reader
 
     pipeline = load_pipeline(data.pipeline, **data.pipeline_options)
     entries = {}
@@ -50,8 +50,10 @@ def describe(data, splits: list[str], count: bool = True) -> dict:
         entry = {"shards": [{"file": f} for f in files]}
         if count:
             try:
-                entry["num_examples"] = int(tf.data.TFRecordDataset(files).reduce(
-                    tf.constant(0, tf.int64), lambda n, _: n + 1))
+                counts = [dataset_files.check(file, None) for file in files]
+                entry["num_examples"] = (sum(counts) if None not in counts else int(
+                    tf.data.TFRecordDataset(files).reduce(tf.constant(0, tf.int64),
+                                                          lambda n, _: n + 1)))
             except tf.errors.OpError as e:
                 raise DataError(f"cannot read the {split!r} TFRecord files under {data.dir}: "
                                 f"{e.message.splitlines()[0]}") from None

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import posixpath
 import re
 
 import tensorflow as tf
 
+from tftrain.data import dataset_files
 from tftrain.data import manifest as manifest_lib
 from tftrain.data.reader import parse_spec
+from tftrain.data.record_file import DamagedFile
 from tftrain.data.shard_worker import label_key
 from tftrain.errors import DataError
 from tftrain.fileio import file_sha256, join
@@ -54,6 +57,9 @@ def label_counts(data_dir: str, manifest: dict, split: str) -> dict | None:
     if not key:
         return None
     files = manifest_lib.shard_files(data_dir, manifest, split)
+    sizes = manifest_lib.shard_sizes(data_dir, manifest, split)
+    for file in files:
+        dataset_files.check(file, data_dir, sizes.get(file))
     spec = {key: parse_spec({key: manifest["features"][key]})[key]}
     dataset = tf.data.TFRecordDataset(files).batch(BATCH).map(
         lambda s: tf.io.parse_example(s, spec)[key])
@@ -137,6 +143,10 @@ def verify_shard(path: str, shard: dict, spec: dict) -> list[Problem]:
     size = tf.io.gfile.stat(path).length
     if size != shard["bytes"]:
         problems.append(Problem(name, f"{size:,} bytes, the manifest says {shard['bytes']:,}"))
+    try:  # before TensorFlow opens it: a link out, a FIFO, a lying length header
+        dataset_files.check(path, posixpath.dirname(path))
+    except DamagedFile as e:
+        return problems + [Problem(name, e.what, e.record)]
     if file_sha256(path) != shard["sha256"]:
         problems.append(Problem(name, "sha256 differs from the manifest (the file was changed)"))
     count = 0

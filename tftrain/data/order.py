@@ -16,6 +16,8 @@ from typing import Callable
 
 import tensorflow as tf
 
+from tftrain.data import dataset_files
+
 _MAX_PASSES = 2**62  # "forever": a repeated training input never runs out of passes
 _GRAPH_SEED = 0x5EED  # the graph-level seed of the passes; their op-level seeds vary
 
@@ -63,5 +65,8 @@ def records_per_pipeline(shard_counts: list[int | None], files: list[str], num_p
 
 
 def _count_records(path: str) -> int:
-    """The records in one TFRecord file (read once, not parsed)."""
+    """The records in one TFRecord file: its headers walked when local, else read once."""
+    records = dataset_files.check(path, None)
+    if records is not None:
+        return records
     return int(tf.data.TFRecordDataset(path).reduce(tf.constant(0, tf.int64), lambda n, _: n + 1))

@@ -8,6 +8,7 @@ from absl import logging
 
 from pipelines import load_pipeline, raw_bytes
 from tftrain.config import CACHE_MODES
+from tftrain.data import dataset_files
 from tftrain.data import manifest as manifest_lib
 from tftrain.data import order
 from tftrain.errors import DataError
@@ -25,11 +26,14 @@ _WRONG_RAW_SIZE = re.compile(r"(\w+=raw \w+) " + re.escape(raw_bytes.SIZE_MISMAT
 
 
 def damaged_record_message(error: BaseException) -> str | None:
-    """One line for TensorFlow's DataLossError on a damaged TFRecord, or for a raw record
-    (`pipelines.raw_bytes`) of the wrong size; None for other errors.
+    """One line for TensorFlow's DataLossError on a damaged TFRecord, for a dataset file that
+    failed its check (`dataset_files`), or for a raw record (`pipelines.raw_bytes`) of the
+    wrong size; None for other errors.
 
     A damaged checkpoint raises DataLossError too, with other words: it is not taken for data.
     """
+    if isinstance(error, tf.errors.OpError) and dataset_files.CHECK_FAILED in str(error):
+        return str(error).split(dataset_files.CHECK_FAILED, 1)[1].splitlines()[0]
     where = " or ".join(OPENED) or "the TFRecords read"
     wrong_size = (_WRONG_RAW_SIZE.search(str(error))
                   if isinstance(error, tf.errors.InvalidArgumentError) else None)
@@ -200,9 +204,11 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     if pipeline and not manifest_lib.exists(data_dir):
         files = foreign_files(data_dir, split)
         manifest = {"pipeline": pipeline, "info": info or {}}
+        directory, sizes = None, {}
     else:
         manifest = manifest_lib.read(data_dir)
         files = manifest_lib.shard_files(data_dir, manifest, split)
+        directory, sizes = data_dir, manifest_lib.shard_sizes(data_dir, manifest, split)
     OPENED[data_dir] = "splits" in manifest
     info = manifest.get("info", {})
     pipeline = load_pipeline(pipeline or manifest["pipeline"], **(pipeline_options or {}))
@@ -220,6 +226,9 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
             "worker reads all files). Convert with --num_shards >= %d to shard by file.",
             split, len(files), num_pipelines, num_pipelines)
     own_files = files[pipeline_id::num_pipelines] if by_file else files
+    if service_address:
+        for file in own_files:
+            dataset_files.check(file, directory, sizes.get(file))
     parse_and_decode = batch_decoder(parse_spec(manifest.get("features") or pipeline.features(info)),
                                      pipeline, info, last_stage)
 
@@ -229,6 +238,8 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
         if file_seed is not None:
             dataset = dataset.shuffle(len(own_files), seed=file_seed,
                                       reshuffle_each_iteration=reshuffle)
+        if not service_address:  # a tf.data service cannot run Python: checked above instead
+            dataset = dataset_files.check_in_pipeline(dataset, directory, sizes)
         # Each file is read RECORDS_PER_READ records at a time and unbatched: the parallel
         # interleave then hands over one element per 64 records (cheaper than one per record).
         dataset = dataset.interleave(

@@ -1,4 +1,5 @@
-"""A TFRecord file written from Python and hashed while it is written.
+"""TFRecord files from Python: written and hashed on the way out (`RecordFile`), and their
+framing checked before TensorFlow reads them (`check_frames`).
 
 The bytes are exactly those of `tf.io.TFRecordWriter` (uncompressed): per record, the length as
 a little-endian uint64, the masked CRC-32C of those 8 bytes, the data, the masked CRC-32C of
@@ -11,10 +12,13 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import struct
 
 import google_crc32c
 from absl import logging
+
+from tftrain.errors import DataError
 
 BUFFER_BYTES = 1 << 20
 _MASK_DELTA = 0xA282EAD8
@@ -82,3 +86,53 @@ class RecordFile:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+FRAME_BYTES = 16  # the framing of one record: its length, the length's CRC, the data's CRC
+_WINDOW = 1 << 16
+
+
+def check_frames(path: str) -> int:
+    """Walks the record headers of the local TFRecord file `path` without reading the records;
+    returns how many records it holds.
+
+    TensorFlow's reader trusts a record's length header: a header claiming 2^40 bytes (with a
+    valid CRC) makes it allocate that much and crash the process. Here every length is checked
+    against the bytes left in the file (and its CRC against the length) before anything reads
+    the record. Raises DataError naming the file, the record and its byte offset.
+    """
+    with open(path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        window, window_start = b"", 0
+        offset = records = 0
+        while offset < size:
+            at = offset - window_start
+            if at < 0 or at + 12 > len(window):
+                window, window_start, at = os.pread(fd, _WINDOW, offset), offset, 0
+            header = window[at:at + 12]
+            if len(header) < 12:
+                raise _damaged(path, records, offset, f"the file ends inside the record's header "
+                               f"({size - offset} of 12 bytes)")
+            if masked_crc32c(header[:8]) != header[8:]:
+                raise _damaged(path, records, offset, "the length's checksum does not match")
+            (length,) = struct.unpack("<Q", header[:8])
+            if length > size - offset - FRAME_BYTES:
+                raise _damaged(path, records, offset, f"the record claims {length:,} bytes but "
+                               f"only {max(0, size - offset - FRAME_BYTES):,} remain in the file")
+            offset += length + FRAME_BYTES
+            records += 1
+    return records
+
+
+class DamagedFile(DataError):
+    """A dataset file that must not be read: `what` is wrong with the file at `path`."""
+
+    def __init__(self, path: str, what: str, record: int | None = None):
+        where = f"{path}, record {record}" if record is not None else path
+        super().__init__(f"{where}: {what}. Convert the dataset again or restore the file.")
+        self.path, self.what, self.record = path, what, record
+
+
+def _damaged(path: str, index: int, offset: int, what: str) -> DamagedFile:
+    return DamagedFile(path, f"damaged at byte {offset:,}: {what}", index)

@@ -1,0 +1,128 @@
+"""A damaged or hostile dataset never crashes or hangs a reader (issue #23, defect 2): every file
+is checked before TensorFlow opens it (`tftrain.data.dataset_files`)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import subprocess
+
+import pytest
+
+from tests.test_inspect import train_error_line
+from tests.test_output_ownership import TFTRAIN
+from tftrain.data import dataset_files, record_file
+from tftrain.data.record_file import DamagedFile, RecordFile, masked_crc32c
+
+HUGE = 1 << 40
+
+
+def huge_header_record(path):
+    """Rewrites the first record's length header of `path` to claim 2^40 bytes, with a valid
+    checksum of that length, which TensorFlow's reader trusts."""
+    data = path.read_bytes()
+    length = struct.pack("<Q", HUGE)
+    path.write_bytes(length + masked_crc32c(length) + data[12:])
+
+
+@pytest.fixture
+def digits_copy(digits_dir, tmp_path):
+    target = tmp_path / "digits"
+    shutil.copytree(digits_dir, target)
+    return target
+
+
+def test_check_frames_counts_and_refuses_lengths_past_the_end(tmp_path):
+    path = tmp_path / "x.tfrecord"
+    with RecordFile(str(path)) as f:
+        for size in (0, 5, 70_000, 3):
+            f.write(b"r" * size)
+    assert record_file.check_frames(str(path)) == 4
+    huge_header_record(path)
+    with pytest.raises(DamagedFile, match=r"record 0: damaged at byte 0: the record claims "
+                                          "1,099,511,627,776 bytes"):
+        record_file.check_frames(str(path))
+    with RecordFile(str(path)) as f:
+        f.write(b"abc")
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(DamagedFile, match="claims 3 bytes but only 2 remain"):
+        record_file.check_frames(str(path))
+    path.write_bytes(path.read_bytes()[:7])
+    with pytest.raises(DamagedFile, match="ends inside the record's header"):
+        record_file.check_frames(str(path))
+
+
+def shard_of(data, split="test"):
+    manifest = json.loads((data / "dataset.json").read_text())
+    return data / manifest["splits"][split]["shards"][0]["file"]
+
+
+def test_a_huge_length_header_is_one_line_not_a_segfault(digits_copy):
+    """In a subprocess: before the fix, `inspect --verify` died with SIGSEGV (exit 139)."""
+    huge_header_record(shard_of(digits_copy))
+    done = subprocess.run([TFTRAIN, "inspect", f"--data={digits_copy}",
+                           "--verify"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert "record 0: damaged at byte 0: the record claims 1,099,511,627,776 bytes" in done.stderr
+
+
+@pytest.mark.parametrize("kind", ["huge header", "link to /dev/zero", "fifo", "directory",
+                                  "link out"])
+def test_inspect_and_train_on_a_hostile_shard_end_in_one_line(kind, digits_copy, tmp_path, cli,
+                                                               capsys):
+    outside = tmp_path / "outside.tfrecord"
+    for split in ("train", "validation", "test"):
+        shard = shard_of(digits_copy, split)
+        if kind == "huge header":
+            huge_header_record(shard)
+            continue
+        shutil.copy(shard, outside)
+        shard.unlink()
+        if kind == "link to /dev/zero":
+            os.symlink("/dev/zero", shard)
+        elif kind == "fifo":
+            os.mkfifo(shard)
+        elif kind == "directory":
+            shard.mkdir()
+        else:
+            os.symlink(outside, shard)
+    expected = {"huge header": "the record claims 1,099,511,627,776 bytes",
+                "link to /dev/zero": "leads out of the dataset directory",
+                "fifo": "is a FIFO, not a TFRecord file", "directory": "is a directory",
+                "link out": "leads out of the dataset directory"}[kind]
+    assert cli("inspect", f"--data={digits_copy}", "--verify") == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and expected in err
+    assert expected in train_error_line(cli, capsys, digits_copy, tmp_path)
+
+
+def test_a_shard_changed_after_conversion_is_refused_before_reading(digits_copy, tmp_path, cli,
+                                                                    capsys):
+    shard = shard_of(digits_copy, "train")
+    shard.write_bytes(shard.read_bytes() + b"extra")
+    assert "bytes where the manifest says" in train_error_line(cli, capsys, digits_copy, tmp_path)
+
+
+def test_a_link_inside_the_dataset_is_read(digits_copy, tmp_path):
+    shard = shard_of(digits_copy, "test")
+    shard.rename(digits_copy / "elsewhere.bin")
+    os.symlink("elsewhere.bin", shard)
+    assert dataset_files.check(str(shard), str(digits_copy)) == 189
+
+
+def test_foreign_tfrecords_are_walked_too(digits_copy, tmp_path, cli, capsys):
+    """`data.format: tfrecord` counts records of files tftrain did not write: by their headers."""
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    for split in ("train", "validation", "test"):
+        shutil.copy(shard_of(digits_copy, split), foreign / f"{split}-0.tfrecord")
+    huge_header_record(foreign / "train-0.tfrecord")
+    code = cli("train", f"--model_dir={tmp_path / 'run'}",
+               f"--params_override=data.dir={foreign},data.format=tfrecord,data.pipeline=digits,"
+               "data.info={num_classes: 10},train.epochs=1,model.name=mlp,"
+               "model.params={hidden_units: [16]}")
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err, err[-2000:]
+    assert "the record claims 1,099,511,627,776 bytes" in err
