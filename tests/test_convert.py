@@ -361,5 +361,8 @@ def test_the_documented_user_pipeline_converts_and_loads(tmp_path, monkeypatch):
     assert manifest["bad_rows"]["count"] == 1
     assert sum(s["num_examples"] for s in manifest["splits"].values()) == 299
     assert manifest["splits"]["train"]["label_counts"]  # labels counted from the bytes
-    x, y = next(iter(load(str(tmp_path / "out"), "train", 500, training=False)))
+    with pytest.raises(DataError, match="tftrain does not import code that a dataset names"):
+        load(str(tmp_path / "out"), "train", 500, training=False)  # the user named no module
+    x, y = next(iter(load(str(tmp_path / "out"), "train", 500, training=False,
+                          pipeline="my_pkg.sensors")))
     assert x.shape[1:] == (8,) and x.dtype == tf.float32 and set(y.numpy()) == {0, 1, 2}

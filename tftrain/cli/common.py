@@ -47,6 +47,9 @@ _DEFINITIONS = {
         "max_metric_change", None, "Regression and language-model runs: largest accepted "
         "relative RMSE / perplexity increase versus the float model (0.05 = 5% worse); default: 0.05 for quantize, no gate for "
         "prune.", lower_bound=0.0),
+    "allow_python_in_model": lambda: flags.DEFINE_bool(
+        "allow_python_in_model", False, "Load a model even if it carries Python code (a Lambda "
+        "layer), which then runs in this process: only for models you trust."),
     "overwrite": lambda: flags.DEFINE_bool(
         "overwrite", False, "Replace existing finished output instead of refusing."),
 }

@@ -13,7 +13,8 @@ from tftrain import quiet_start
 from tftrain.cli.common import parse_pipeline_options, require, use_flags
 
 FLAGS = flags.FLAGS
-use_flags(__name__, "data", "split", "output", "pipeline", "pipeline_options")
+use_flags(__name__, "data", "split", "output", "pipeline", "pipeline_options",
+          "allow_python_in_model")
 flags.DEFINE_string("model", None, "SavedModel directory (e.g. RUN/export) or a .tflite file.")
 flags.DEFINE_integer("batch_size", 256, "Evaluation batch size.")
 
@@ -25,6 +26,7 @@ def main(argv):
 
     metrics = evaluate.evaluate(FLAGS.model, FLAGS.data, FLAGS.split, FLAGS.batch_size,
                                 output=FLAGS.output, pipeline=FLAGS.pipeline,
-                                pipeline_options=parse_pipeline_options(FLAGS.pipeline_options))
+                                pipeline_options=parse_pipeline_options(FLAGS.pipeline_options),
+                                allow_python=FLAGS.allow_python_in_model)
     print(" ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
     return 0

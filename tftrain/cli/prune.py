@@ -14,7 +14,8 @@ from tftrain import quiet_start
 from tftrain.cli.common import require, use_flags
 
 FLAGS = flags.FLAGS
-use_flags(__name__, "model_dir", "strategy", "split", "max_metric_change")
+use_flags(__name__, "model_dir", "strategy", "split", "max_metric_change",
+          "allow_python_in_model")
 flags.DEFINE_float("target_sparsity", 0.8, "Fraction of each pruned kernel set to zero, in (0, 1).")
 flags.DEFINE_string("sparsity_m_by_n", "", "Structured sparsity instead of a fraction: M:N keeps "
                     "at most N-M non-zeros in every N consecutive input-channel weights, e.g. 2:4.")
@@ -49,7 +50,8 @@ def main(argv):
         epochs=FLAGS.epochs, schedule=FLAGS.pruning_schedule, learning_rate=FLAGS.learning_rate,
         min_weights=FLAGS.min_weights_to_prune, distill_weight=FLAGS.distill_weight,
         temperature=FLAGS.distill_temperature, split=FLAGS.split, strategy_name=FLAGS.strategy,
-        max_metric_change=FLAGS.max_metric_change)
+        max_metric_change=FLAGS.max_metric_change,
+        allow_python=FLAGS.allow_python_in_model)
     from tftrain.optimize import report
 
     measure = summary["measure"]

@@ -16,7 +16,8 @@ from tftrain import quiet_start
 from tftrain.cli.common import require, use_flags
 
 FLAGS = flags.FLAGS
-use_flags(__name__, "model_dir", "strategy", "split", "max_metric_change")
+use_flags(__name__, "model_dir", "strategy", "split", "max_metric_change",
+          "allow_python_in_model")
 flags.DEFINE_list("mode", None, "dynamic, int8, float16 or qat; a comma-separated list runs each.")
 flags.DEFINE_enum("source", "export", ["export", "pruned"],
                   "Which model of the run: export/ (trained) or pruned/ (from tftrain prune).")
@@ -47,7 +48,8 @@ def main(argv):
             int8_io=FLAGS.int8_io, qat_epochs=FLAGS.qat_epochs,
             qat_learning_rate=FLAGS.qat_learning_rate,
             num_calibration_examples=FLAGS.num_calibration_examples, split=FLAGS.split,
-            strategy_name=FLAGS.strategy, num_threads=FLAGS.tflite_threads)
+            strategy_name=FLAGS.strategy, num_threads=FLAGS.tflite_threads,
+            allow_python=FLAGS.allow_python_in_model)
     except TftrainError:
         if report.comparison_rows(FLAGS.model_dir):  # the gate failed: show what was measured
             print(report.demo_table(FLAGS.model_dir), flush=True)

@@ -15,9 +15,10 @@ from tftrain.errors import DataError
 
 def load_kwargs(data) -> dict:
     """The keyword arguments of `tftrain.data.load` that read `data` (a `DataConfig`) as the
-    config describes it: none for a tftrain dataset (its manifest says everything)."""
+    config describes it: for a tftrain dataset (its manifest says everything else), only that
+    the config's `data.pipeline` is trusted when the manifest names it."""
     if data.format != "tfrecord":
-        return {}
+        return {"trusted_pipeline": data.pipeline}
     return {"pipeline": data.pipeline, "pipeline_options": dict(data.pipeline_options),
             "info": dict(data.info)}
 

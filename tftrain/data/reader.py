@@ -6,7 +6,7 @@ import re
 import tensorflow as tf
 from absl import logging
 
-from pipelines import load_pipeline, raw_bytes
+from pipelines import dataset_pipeline, raw_bytes
 from tftrain.config import CACHE_MODES
 from tftrain.data import dataset_files
 from tftrain.data import manifest as manifest_lib
@@ -161,7 +161,8 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
          pipeline_options: dict | None = None, info: dict | None = None,
          service_address: str = "", service_mode: str = "parallel_epochs",
          deterministic: bool | None = None, last_stage: str = "decode",
-         start_batch: int = 0, autotune: bool = True) -> tf.data.Dataset:
+         start_batch: int = 0, autotune: bool = True,
+         trusted_pipeline: str | None = None) -> tf.data.Dataset:
     """Returns a batched dataset of `(inputs, label)` read from `data_dir`'s `split`.
 
     `batch_size` is the size of the batches this pipeline yields. Under a strategy, use
@@ -193,6 +194,9 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     `pipeline.features(info)`, and `info` stands in for the manifest's metadata. The pipeline is
     built with `pipeline_options` (e.g. {"image_size": 64}).
 
+    The pipeline a dataset.json names is imported only when it is built in or is
+    `trusted_pipeline` (the user's `data.pipeline`): a dataset does not choose the code that runs.
+
     tf.data service: with `service_address` (a dispatcher's host:port) the whole pipeline runs
     on the service's workers in `service_mode` (see `tftrain.data.service`).
 
@@ -211,7 +215,8 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
         directory, sizes = data_dir, manifest_lib.shard_sizes(data_dir, manifest, split)
     OPENED[data_dir] = "splits" in manifest
     info = manifest.get("info", {})
-    pipeline = load_pipeline(pipeline or manifest["pipeline"], **(pipeline_options or {}))
+    pipeline = dataset_pipeline(manifest["pipeline"], pipeline, trusted_pipeline,
+                                **(pipeline_options or {}))
     if drop_remainder is None:
         drop_remainder = training
     if deterministic is None:

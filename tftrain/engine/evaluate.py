@@ -16,34 +16,44 @@ import tf_keras as keras
 from tftrain import config as config_lib
 from tftrain import data as data_lib
 from tftrain import run_dir, tasks
-from tftrain.engine import export
+from tftrain.engine import export, model_code
 from tftrain.data import manifest as manifest_lib
 from tftrain.errors import DataError, TftrainError
-from tftrain.fileio import join, write_json
+from tftrain.fileio import join, read_json, write_json
 from tftrain.optimize import metrics as metrics_lib
 from tftrain.tasks import r2_metric  # noqa: F401  (registers R2: regression SavedModels load)
 
+WRITTEN_BY = "tftrain evaluate"  # in every metrics file it writes: what it may replace
 
-def load_saved_model(path: str):
+
+def load_saved_model(path: str, allow_python: bool = False):
     """Loads the tf_keras SavedModel that `path` stands for: a SavedModel directory, or a run's
-    export/ (its highest version, `export.saved_model_dir`); anything else is a clear error."""
+    export/ (its highest version, `export.saved_model_dir`); anything else is a clear error, and
+    so is a model carrying Python code unless `allow_python` (`model_code.refuse_python`)."""
     found = export.saved_model_dir(path)
     if found is None:
         raise TftrainError(f"{path} is not a SavedModel directory (no saved_model.pb, and no "
                            "version directory holding one); pass a run's export/ directory or a "
                            ".tflite file")
-    return keras.models.load_model(found, compile=False)
+    model_code.refuse_python(found, allow_python)
+    try:
+        return keras.models.load_model(found, compile=False)
+    except Exception as e:  # noqa: BLE001  (a damaged file: tf-keras and protobuf raise many kinds)
+        raise TftrainError(f"cannot load the SavedModel at {found}: {type(e).__name__}: "
+                           f"{(str(e).splitlines() or [''])[0][:300]}") from None
 
 
 def evaluate(model_path: str, data_dir: str, split: str, batch_size: int = 256,
              output: str | None = None, pipeline: str | None = None,
-             pipeline_options: dict | None = None) -> dict:
+             pipeline_options: dict | None = None, allow_python: bool = False) -> dict:
     """Evaluates a SavedModel (or .tflite file) on `split` with its task's metrics (see the
     module docstring); writes and returns them.
 
     `pipeline`: `data_dir` holds TFRecords another tool wrote, read with that pipeline's schema
-    (see `tftrain.data.load`).
+    (see `tftrain.data.load`). `allow_python`: load a SavedModel even if it carries Python code.
     """
+    output = output or join(os.path.dirname(_export_dir(model_path)) or ".", f"eval_{split}.json")
+    check_output_replaceable(output)  # before the work: a user's own file there is kept
     dataset = data_lib.load(data_dir, split, batch_size, training=False, pipeline=pipeline,
                             pipeline_options=pipeline_options)
     task = task_of(model_path, data_dir, pipeline)
@@ -52,13 +62,30 @@ def evaluate(model_path: str, data_dir: str, split: str, batch_size: int = 256,
 
         metrics = evaluate_tflite(model_path, dataset, task=task)
     else:
-        model = load_saved_model(model_path)
+        model = load_saved_model(model_path, allow_python)
         check_inputs_fit(model, dataset.element_spec[0], f"{data_dir} (split {split!r})")
         metrics = metrics_lib.keras_metrics(model, dataset, task)
-    result = {"model": model_path, "data": data_dir, "split": split, "task": task.name, **metrics}
-    output = output or join(os.path.dirname(_export_dir(model_path)) or ".", f"eval_{split}.json")
+    result = {"model": model_path, "data": data_dir, "split": split, "task": task.name,
+              "written_by": WRITTEN_BY, **metrics}
     write_json(output, result)
     return metrics
+
+
+def check_output_replaceable(output: str) -> None:
+    """Raises unless `output` is absent or a metrics file that `evaluate` wrote (it carries
+    `written_by`; an earlier version's has its model, data, split and task keys)."""
+    if not tf.io.gfile.exists(output):
+        return
+    try:
+        earlier = read_json(output)
+    except (ValueError, UnicodeDecodeError, tf.errors.OpError):
+        earlier = None
+    ours = isinstance(earlier, dict) and (earlier.get("written_by") == WRITTEN_BY
+                                          or {"model", "data", "split", "task"} <= set(earlier))
+    if not ours:
+        raise TftrainError(f"{output} exists and was not written by tftrain evaluate, which "
+                           "does not replace what it did not write; pass --output=PATH, or move "
+                           "that file away.")
 
 
 def task_of(model_path: str, data_dir: str, pipeline: str | None = None):

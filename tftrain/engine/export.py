@@ -42,7 +42,7 @@ import tensorflow as tf
 import tf_keras as keras
 from absl import logging
 
-from pipelines import load_pipeline
+from pipelines import dataset_pipeline
 from tftrain import ownership, run_dir
 from tftrain.data import foreign, reader
 from tftrain.fileio import join, remove
@@ -163,8 +163,8 @@ def example_signatures(model, data, manifest: dict) -> tuple[dict, list]:
     they capture."""
     source = foreign.load_kwargs(data)  # the pipeline, options, info and schema of reader.load
     info = manifest.get("info", {})
-    pipeline = load_pipeline(source.get("pipeline") or manifest["pipeline"],
-                             **source.get("pipeline_options", {}))
+    pipeline = dataset_pipeline(manifest["pipeline"], source.get("pipeline"),
+                                source.get("trusted_pipeline"), **source.get("pipeline_options", {}))
     spec = example_spec(manifest.get("features") or pipeline.features(info), pipeline, info)
 
     def logits_and_names(serialized, texts=None):

@@ -12,7 +12,7 @@ import zipfile
 import tensorflow as tf
 import tf_keras as keras
 
-from tftrain.engine import export
+from tftrain.engine import export, model_code
 from tftrain.errors import TftrainError
 
 _LOW_PRECISION = ("float16", "bfloat16")
@@ -53,12 +53,14 @@ def _check_keras_file(path: str) -> None:
             "model.save(path, save_format='tf').")
 
 
-def load_keras_model(path: str, *, compile: bool = True) -> keras.Model:
+def load_keras_model(path: str, *, compile: bool = True,
+                     allow_python: bool = False) -> keras.Model:
     """Loads the tf-keras model saved at `path` (SavedModel directory, a run's export/ with its
     version directories (the highest is loaded), `.keras` or `.h5` file).
 
     Raises `TftrainError` naming the path when it is missing, is not a tf-keras model (a
-    Keras 3 archive, or a SavedModel without Keras metadata), or cannot be loaded.
+    Keras 3 archive, or a SavedModel without Keras metadata), carries Python code (a Lambda
+    layer) and `allow_python` is False, or cannot be loaded.
     """
     if not tf.io.gfile.exists(path):
         raise TftrainError(f"no model at {path}: train one first (tftrain train --model_dir=...) "
@@ -75,7 +77,9 @@ def load_keras_model(path: str, *, compile: bool = True) -> keras.Model:
                 "saved by tf-keras (Keras 3's model.export() or tf.saved_model.save write such "
                 "SavedModels). Save the model with tf-keras: model.save(path, save_format='tf').")
     elif path.endswith(".keras"):
-        _check_keras_file(path)
+        _check_keras_file(path)  # tf-keras reads .keras archives in safe mode (no Lambda code)
+    if not path.endswith(".keras"):
+        model_code.refuse_python(path, allow_python)
     try:
         model = keras.models.load_model(path, compile=compile)
     except Exception as e:  # tf-keras raises many kinds; name the file and the reason

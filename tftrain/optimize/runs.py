@@ -149,6 +149,7 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
               temperature: float = distill.DEFAULT_TEMPERATURE, split: str | None = None,
               strategy_name: str | None = None, num_threads: int = 1,
               max_eval_examples: int | None = None, max_metric_change: float | None = None,
+              allow_python: bool = False,
               strategy=None) -> dict:
     """Prunes `model_dir/export` under the run's strategy, data and optimizer; writes `pruned/`.
 
@@ -181,7 +182,7 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
         split, eval_data = _eval_data(config, split)
         epochs = epochs or prune.finetune_epochs(steps_per_epoch)
 
-        model = load_keras_model(source)
+        model = load_keras_model(source, allow_python=allow_python)
         before = prune.sparsity_report(model)
         measure = task.measure  # accuracy for classifiers, rmse for regression
         measured_before = metrics.keras_metrics(model, eval_data, task)
@@ -256,7 +257,7 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
                  qat_learning_rate: float | None = None, num_calibration_examples: int = 100,
                  split: str | None = None, strategy_name: str | None = None,
                  num_threads: int = 1, max_eval_examples: int | None = None,
-                 strategy=None) -> list[dict]:
+                 strategy=None, allow_python: bool = False) -> list[dict]:
     """Quantizes `model_dir`'s `source` model in each of `modes`; writes `quantized/`.
 
     Every .tflite (and the float conversion of the same source, the reference) is evaluated with
@@ -285,7 +286,7 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
         strategy = _strategy(config)  # first: no TensorFlow op may run before it is built
     with run_dir.lock(model_dir, "tftrain quantize", cluster.is_chief(strategy)):
         split, eval_data = _eval_data(config, split)
-        model = load_keras_model(path)
+        model = load_keras_model(path, allow_python=allow_python)
         run_dir.mark_output(out)
 
         float_name = report.model_name("float", source)
