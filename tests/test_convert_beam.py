@@ -33,7 +33,8 @@ def test_beam_matches_the_local_writer(tmp_path):
     assert not [p.name for p in (tmp_path / "beam").iterdir() if "tmp" in p.name]
     assert inspection.verify(str(tmp_path / "beam")) == []
     # The same reader accepts it.
-    batches = list(load(str(tmp_path / "beam"), "test", 16, training=False).as_numpy_iterator())
+    batches = list(load(str(tmp_path / "beam"), "test", 16, training=False,
+                         pipeline="tests.test_convert").as_numpy_iterator())
     assert sum(len(b[1]) for b in batches) == beam["splits"]["test"]["num_examples"]
 
 

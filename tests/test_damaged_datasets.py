@@ -126,3 +126,70 @@ def test_foreign_tfrecords_are_walked_too(digits_copy, tmp_path, cli, capsys):
     err = capsys.readouterr().err
     assert code == 1 and "Traceback" not in err, err[-2000:]
     assert "the record claims 1,099,511,627,776 bytes" in err
+
+
+def damaged_manifest(data, change):
+    """Applies `change` to the manifest of `data`; a change that returns text writes that."""
+    manifest = json.loads((data / "dataset.json").read_text())
+    text = change(manifest)
+    (data / "dataset.json").write_text(text if isinstance(text, str) else json.dumps(manifest))
+
+
+def set_path(path, value):
+    def change(manifest):
+        *parents, last = path
+        node = manifest
+        for key in parents:
+            node = node[key]
+        node[last] = value
+    return change
+
+
+TRAIN_SHARD = ["splits", "train", "shards", 0]
+
+
+@pytest.mark.parametrize("change, expected", [
+    (set_path(["splits", "train", "num_examples"], -5),
+     "splits.train.num_examples: -5 is not a non-negative integer"),
+    (set_path(["splits", "train", "num_examples"], 1e18),
+     "splits.train.num_examples: 1e+18 is not a non-negative integer"),
+    (set_path(["splits", "train", "num_examples"], 10**18),
+     "splits.train.num_examples: 1,000,000,000,000,000,000, but its shards hold 1,426"),
+    (set_path(TRAIN_SHARD + ["num_examples"], 10**9),
+     "records cannot fit in"),
+    (set_path(TRAIN_SHARD + ["num_examples"], True),
+     "splits.train.shards[0].num_examples: True is not a non-negative integer"),
+    (set_path(["splits", "train", "shards"], []), "splits.train.shards: missing or empty"),
+    (set_path(TRAIN_SHARD + ["file"], "../outside.tfrecord"), "is not a file name inside"),
+    (set_path(TRAIN_SHARD + ["file"], "/etc/passwd"), "is not a file name inside"),
+    (set_path(["features", "image/encoded", "dtype"], "complex128"), "is not one of string"),
+    (set_path(["features", "image/encoded", "shape"], [-1]), "is not a list of non-negative"),
+    (set_path(["splits"], "train"), "splits: a str, not an object"),
+    (set_path(["pipeline"], 7), "pipeline: 7 is not a pipeline name"),
+    (set_path(["info", "num_classes"], "ten"), "info.num_classes: 'ten' is not a positive"),
+    (lambda m: m.pop("features"), "features: missing"),
+    (lambda m: json.dumps(m)[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     "nested too deeply"),
+], ids=lambda value: value if isinstance(value, str) else "")
+def test_a_bad_manifest_is_refused_with_a_line_per_problem(change, expected, digits_copy, tmp_path,
+                                                           cli, capsys):
+    damaged_manifest(digits_copy, change)
+    assert cli("inspect", f"--data={digits_copy}") == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and expected in err, err[-2000:]
+    assert "tftrain inspect: error:" in err
+
+
+def test_non_utf8_and_non_object_manifests(digits_copy, cli, capsys):
+    for content in (b"\xff\xfe{}", b"[1, 2]", b"null"):
+        (digits_copy / "dataset.json").write_bytes(content)
+        assert cli("inspect", f"--data={digits_copy}") == 1
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and "dataset.json" in err, err[-2000:]
+
+
+def test_a_num_examples_that_lies_does_not_train(digits_copy, tmp_path, cli, capsys):
+    """Before, -5 trained 1 step and exported a model (exit 0); 1e18 trained forever."""
+    damaged_manifest(digits_copy, set_path(["splits", "train", "num_examples"], -5))
+    assert "not a non-negative integer" in train_error_line(cli, capsys, digits_copy, tmp_path)
+    assert not (tmp_path / "run" / "export").exists()

@@ -97,7 +97,8 @@ def test_verify_catches_missing_files_wrong_counts_and_schema_mismatch(copy):
             features = {"x": tf.train.Feature(int64_list=tf.train.Int64List(value=[i]))}
             if i != 2:
                 features["label"] = tf.train.Feature(int64_list=tf.train.Int64List(value=[0]))
-                features["key"] = tf.train.Feature(bytes_list=tf.train.BytesList(value=[b"k"]))
+                features["key"] = tf.train.Feature(  # large enough for the manifest's count
+                    bytes_list=tf.train.BytesList(value=[b"k" * 1000]))
             writer.write(tf.train.Example(features=tf.train.Features(feature=features))
                          .SerializeToString())
     second["sha256"] = file_sha256(str(path))

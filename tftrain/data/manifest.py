@@ -9,10 +9,13 @@ Layout:
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 
 import tensorflow as tf
 
+from tftrain.data.record_file import FRAME_BYTES
 from tftrain.errors import DataError
 from tftrain.fileio import join, write_json
 
@@ -32,20 +35,160 @@ def exists(data_dir: str) -> bool:
 
 
 def read(data_dir: str) -> dict:
-    """Reads and checks `data_dir/dataset.json`; raises DataError naming what is wrong."""
+    """Reads `data_dir/dataset.json` and checks all of it (`validate`); raises DataError naming
+    every problem, one line each."""
     path = join(data_dir, MANIFEST_NAME)
     if not tf.io.gfile.exists(path):
         raise DataError(
             f"{data_dir} is not a tftrain dataset: {MANIFEST_NAME} is missing (a conversion that did "
             "not finish leaves none). Run `tftrain convert --output=" + data_dir + " ...` to create it.")
+    if tf.io.gfile.isdir(path) or tf.io.gfile.stat(path).length > MAX_MANIFEST_BYTES:
+        raise DataError(f"{path} is not a manifest: a directory, or over "
+                        f"{MAX_MANIFEST_BYTES >> 20} MiB; convert the dataset again.")
     try:
-        with tf.io.gfile.GFile(path, "r") as f:
-            manifest = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path} is not valid JSON ({e}); convert the dataset again.") from None
+        with tf.io.gfile.GFile(path, "rb") as f:
+            manifest = json.loads(f.read().decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
+        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
+        raise DataError(f"{path} is not valid JSON ({reason}); convert the dataset again.") from None
+    validate(manifest, path)
+    return manifest
+
+
+# ---- the typed view, and the one place that checks a manifest --------------------------------
+
+MAX_MANIFEST_BYTES = 256 << 20
+DTYPES = ("string", "int64", "float32")
+_PLAIN_NAME = re.compile(r"[^/\\\x00]+")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    file: str
+    num_examples: int
+    bytes: int | None
+    sha256: str | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    num_examples: int
+    shards: tuple[Shard, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Manifest:
+    """A checked dataset.json: what readers rely on, typed."""
+
+    pipeline: str
+    features: dict
+    info: dict
+    splits: dict[str, Split]
+
+
+def validate(manifest, path: str = MANIFEST_NAME) -> Manifest:
+    """Checks a parsed manifest (types, ranges, names, counts against sizes) and returns its
+    typed view; raises DataError listing every problem, one line each, by its JSON path."""
+    problems: list[str] = []
+
+    def problem(where: str, what: str) -> None:
+        problems.append(f"{where}: {what}")
+
+    if not isinstance(manifest, dict):
+        raise DataError(f"{path} is not a tftrain manifest: it holds a {type(manifest).__name__}, "
+                        "not an object; convert the dataset again.")
     if manifest.get("format") != FORMAT:
         raise DataError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT!r}.")
-    return manifest
+    pipeline = manifest.get("pipeline")
+    if not isinstance(pipeline, str) or not pipeline:
+        problem("pipeline", f"{pipeline!r} is not a pipeline name")
+    features = _mapping(manifest, "features", problem)
+    for name, feature in features.items():
+        _check_feature(f"features.{name}", feature, problem)
+    info = _mapping(manifest, "info", problem, required=False)
+    if "num_classes" in info and not _count(info["num_classes"], minimum=1):
+        problem("info.num_classes", f"{info['num_classes']!r} is not a positive integer")
+    splits = {}
+    for name, entry in _mapping(manifest, "splits", problem).items():
+        splits[name] = _check_split(f"splits.{name}", entry, problem)
+    if not splits and "splits" in manifest:
+        problem("splits", "no split")
+    bad_rows = _mapping(manifest, "bad_rows", problem, required=False)
+    if bad_rows and not _count(bad_rows.get("count")):
+        problem("bad_rows.count", f"{bad_rows.get('count')!r} is not a non-negative integer")
+    if problems:
+        more = [f"\n  {path}: {line}" for line in problems[1:20]]
+        if len(problems) > 20:
+            more.append(f"\n  ... and {len(problems) - 20} more")
+        raise DataError(f"{path} is not a valid tftrain manifest (convert the dataset again): "
+                        f"{problems[0]}" + "".join(more))
+    return Manifest(pipeline, features, info, splits)
+
+
+def _count(value, minimum: int = 0) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _mapping(parent: dict, key: str, problem, required: bool = True) -> dict:
+    value = parent.get(key)
+    if value is None and not required:
+        return {}
+    if not isinstance(value, dict):
+        problem(key, "missing" if value is None else f"a {type(value).__name__}, not an object")
+        return {}
+    return value
+
+
+def _check_feature(where: str, feature, problem) -> None:
+    if not isinstance(feature, dict):
+        problem(where, f"a {type(feature).__name__}, not an object")
+        return
+    if feature.get("dtype") not in DTYPES:
+        problem(f"{where}.dtype", f"{feature.get('dtype')!r} is not one of {', '.join(DTYPES)}")
+    shape = feature.get("shape")
+    if not isinstance(shape, list) or not all(_count(n) for n in shape) or len(shape) > 8:
+        problem(f"{where}.shape", f"{shape!r} is not a list of non-negative integers")
+
+
+def _check_split(where: str, entry, problem) -> Split:
+    if not isinstance(entry, dict):
+        problem(where, f"a {type(entry).__name__}, not an object")
+        return Split(0, ())
+    num_examples, shards = entry.get("num_examples"), entry.get("shards")
+    if not _count(num_examples):
+        problem(f"{where}.num_examples", f"{num_examples!r} is not a non-negative integer")
+    if not isinstance(shards, list) or not shards:
+        problem(f"{where}.shards", "missing or empty: a split has at least one shard")
+        return Split(0, ())
+    checked = tuple(_check_shard(f"{where}.shards[{i}]", shard, problem)
+                    for i, shard in enumerate(shards))
+    total = sum(shard.num_examples for shard in checked)
+    if _count(num_examples) and total != num_examples:
+        problem(f"{where}.num_examples", f"{num_examples:,}, but its shards hold {total:,}")
+    return Split(num_examples if _count(num_examples) else 0, checked)
+
+
+def _check_shard(where: str, shard, problem) -> Shard:
+    if not isinstance(shard, dict):
+        problem(where, f"a {type(shard).__name__}, not an object")
+        return Shard("", 0, None, None)
+    file, count = shard.get("file"), shard.get("num_examples")
+    size, sha256 = shard.get("bytes"), shard.get("sha256")
+    if not isinstance(file, str) or not _PLAIN_NAME.fullmatch(file) or file in (".", ".."):
+        problem(f"{where}.file", f"{file!r} is not a file name inside the dataset directory")
+    if not _count(count):
+        problem(f"{where}.num_examples", f"{count!r} is not a non-negative integer")
+        count = 0
+    if size is not None and not _count(size):
+        problem(f"{where}.bytes", f"{size!r} is not a non-negative integer")
+    elif size is not None and count * FRAME_BYTES > size:
+        problem(f"{where}.num_examples", f"{count:,} records cannot fit in {size:,} bytes (each "
+                f"takes at least {FRAME_BYTES})")
+    if sha256 is not None and not (isinstance(sha256, str) and _SHA256.fullmatch(sha256)):
+        problem(f"{where}.sha256", f"{sha256!r} is not a sha256 in hex")
+    return Shard(file if isinstance(file, str) else "", count,
+                 size if _count(size) else None, sha256 if isinstance(sha256, str) else None)
 
 
 def write(data_dir: str, manifest: dict) -> None:
