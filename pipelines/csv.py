@@ -35,6 +35,7 @@ A source is one CSV file, a glob, or a directory of them; all must share the hea
 from __future__ import annotations
 
 import csv
+import dataclasses
 import math
 import posixpath
 from collections import Counter
@@ -42,9 +43,10 @@ from collections import Counter
 from pipelines.base import BasePipeline, Row
 from pipelines.lookup import TableCache
 from pipelines.options import check_known, get_bool, get_int, get_str
-from pipelines.sources import list_files, source_splits
+from pipelines import class_ids
+from pipelines.sources import list_files, source_splits, text_lines, undecodable
 from tftrain.data import example_bytes
-from tftrain.errors import BadRow, ConfigError
+from tftrain.errors import BadRow, ConfigError, DataError
 
 OPTIONS = ("label_column", "columns", "delimiter", "allow_nan", "max_categories", "output")
 EXTENSIONS = (".csv", ".tsv", ".txt")
@@ -52,6 +54,13 @@ TYPES = ("float", "int", "categorical", "string", "ignore")
 LABEL_TYPES = ("int", "categorical", "float")
 NUMERIC_SHARE = 0.9  # a column is numeric when at least this share of its values are numbers
 _MISSING = {"", "nan", "NaN", "NAN", "NA", "N/A", "null", "None"}
+
+
+@dataclasses.dataclass(frozen=True)
+class BadLine:
+    """A CSV row that could not be read into fields, and why (a bad row)."""
+
+    reason: str
 
 
 def _parse_declared(text: str | None) -> dict[str, str]:
@@ -158,20 +167,45 @@ class Pipeline(BasePipeline):
     # -- reading -------------------------------------------------------------------------------
 
     def _rows(self, path: str):
-        """Yields (line number, header, fields) of one CSV file, streaming."""
-        import tensorflow as tf
+        """Yields (line number, header, fields) of one CSV file, streaming; fields are a
+        `BadLine` for a row the csv module cannot read (bytes that are not UTF-8, a field over
+        its size limit, a stray quote). A quote that never closes is an error: it would take
+        the rest of the file as one field."""
+        delimiter = self.delimiter or ("\t" if path.lower().endswith(".tsv") else ",")
+        reader = csv.reader(text_lines(path), delimiter=delimiter, strict=True)
+        header = self._next_row(reader, path)
+        if not header or isinstance(header, BadLine):
+            raise ConfigError(f"CSV file {path} has no readable header row"
+                              + (f" ({header.reason})." if header else "."))
+        header[0] = header[0].lstrip("\ufeff")
+        yield 1, header, None
+        while True:
+            start = reader.line_num + 1
+            fields = self._next_row(reader, path)
+            if fields is None:
+                return
+            if fields:
+                yield start, header, fields
 
-        with tf.io.gfile.GFile(path, "r") as f:
-            delimiter = self.delimiter or ("\t" if path.lower().endswith(".tsv") else ",")
-            reader = csv.reader(f, delimiter=delimiter)
-            header = next(reader, None)
-            if not header:
-                raise ConfigError(f"CSV file {path} is empty: expected a header row.")
-            header[0] = header[0].lstrip("\ufeff")
-            yield 1, header, None
-            for fields in reader:
-                if fields:
-                    yield reader.line_num, header, fields
+    @staticmethod
+    def _next_row(reader, path: str):
+        """The next row of `reader`: its fields, a BadLine, or None at the end."""
+        start = reader.line_num + 1
+        try:
+            fields = next(reader)
+        except StopIteration:
+            return None
+        except csv.Error as e:
+            if "unexpected end of data" in str(e):
+                raise DataError(
+                    f"CSV file {path}: the quote that opens a field on line {start} never "
+                    f"closes, so the rest of the file (lines {start}-{reader.line_num}) would be "
+                    "one field; fix the quoting (a quote inside a field is written twice: \"\")."
+                ) from None
+            return BadLine(f"line {start}: {e}")
+        if any(undecodable(field) for field in fields):
+            return BadLine(f"line {start}: bytes that are not UTF-8")
+        return fields
 
     def prepare(self, source):
         paths = list_files(source, EXTENSIONS, "CSV")
@@ -187,6 +221,8 @@ class Pipeline(BasePipeline):
                                           f"{paths[0]} has {header}: all files must share one header.")
                     continue
                 rows += 1
+                if isinstance(fields, BadLine):
+                    continue  # the converter records it when it meets it in `read`
                 for name, text in zip(header, fields):
                     stats[name].add(text)
         if not rows:
@@ -236,7 +272,9 @@ class Pipeline(BasePipeline):
                                   "distinct ones for class names; declare its type with columns=.")
             info.update(class_names=label["class_names"], num_classes=len(label["class_names"]))
         elif label_type == "int":
-            info["num_classes"] = label_stats.max_int + 1
+            info["num_classes"] = class_ids.num_classes(
+                label_stats.max_int, len(label_stats.counts or ()) or label_stats.ints,
+                f"column {self.label_column!r}")
         return info
 
     def read(self, source, info, worker=0, num_workers=1):
@@ -263,6 +301,8 @@ class Pipeline(BasePipeline):
 
     def encode(self, row, info):
         header, fields = info["header"], row.value
+        if isinstance(fields, BadLine):
+            raise BadRow(fields.reason)
         if len(fields) != len(header):
             missing = header[len(fields):]
             raise BadRow(f"missing column(s) {', '.join(missing)}: the row has {len(fields)} fields, "

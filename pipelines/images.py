@@ -58,7 +58,12 @@ def png_example(pixels, *, label: int, text: str, filename: str) -> bytes:
 
 
 ENCODINGS = ("keep", "raw", "png", "jpeg", "auto")
-ENCODING_OPTIONS = ("image_encoding", "jpeg_quality")
+ENCODING_OPTIONS = ("image_encoding", "jpeg_quality", "max_pixels")
+# The largest image (height x width) converted or decoded: a 400 KB PNG can declare 20000x20000
+# pixels, 1.6 GB as float32 before resizing. PIL warns from 89 megapixels; a 100-megapixel
+# photo still passes. `max_pixels` (a pipeline option, kept in the manifest) changes it.
+DEFAULT_MAX_PIXELS = 100_000_000
+TOO_MANY_PIXELS = "image over max_pixels"  # in the error of the decode graph
 DEFAULT_JPEG_QUALITY = 95
 # `auto` stores raw pixels up to this many bytes per image (64x64x3), else keeps the source's
 # bytes: measured by bench/image_encoding.py, raw reads 2.5-3.7x faster than PNG at 32x32x3 for
@@ -73,6 +78,10 @@ def encoding_options(options: dict, default: str = "keep") -> dict:
     by `encoding_info`, once the image size is known. Raises `ConfigError` for an unknown
     encoding, a quality outside 1..100, or a quality without jpeg.
     """
+    limit = ({"max_pixels": get_int(options, "max_pixels", DEFAULT_MAX_PIXELS)}
+             if "max_pixels" in options else {})
+    if limit and limit["max_pixels"] < 1:
+        raise ConfigError(f"pipeline option max_pixels={limit['max_pixels']} must be positive.")
     name = str(options.get("image_encoding") or default).strip().lower()
     if name not in ENCODINGS:
         raise ConfigError(f"pipeline option image_encoding={options.get('image_encoding')!r} must be "
@@ -81,11 +90,11 @@ def encoding_options(options: dict, default: str = "keep") -> dict:
         raise ConfigError(f"pipeline option jpeg_quality is only used with image_encoding=jpeg "
                           f"(here image_encoding={name}).")
     if name != "jpeg":
-        return {"image_encoding": name}
+        return {"image_encoding": name, **limit}
     quality = get_int(options, "jpeg_quality", DEFAULT_JPEG_QUALITY)
     if not 1 <= quality <= 100:
         raise ConfigError(f"pipeline option jpeg_quality={quality} must be between 1 and 100.")
-    return {"image_encoding": name, "jpeg_quality": quality}
+    return {"image_encoding": name, "jpeg_quality": quality, **limit}
 
 
 def encoding_info(encoding: dict, image_size) -> dict:
@@ -94,7 +103,8 @@ def encoding_info(encoding: dict, image_size) -> dict:
     if encoding["image_encoding"] != "auto":
         return dict(encoding)
     height, width, channels = image_size
-    return {"image_encoding": "raw" if height * width * channels <= AUTO_RAW_MAX_BYTES else "keep"}
+    return {**encoding,
+            "image_encoding": "raw" if height * width * channels <= AUTO_RAW_MAX_BYTES else "keep"}
 
 
 def encoded_image_example(info: dict, *, label: int, text: str, filename: str,
@@ -113,6 +123,10 @@ def encoded_image_example(info: dict, *, label: int, text: str, filename: str,
     encoding = info.get("image_encoding", "keep")
     if data is not None:
         image_format, height, width = probed or probe_image(data)
+        limit = info.get("max_pixels", DEFAULT_MAX_PIXELS)
+        if height * width > limit:  # checked from the header, before any decoding
+            raise BadRow(f"{image_format.upper()} of {width}x{height} pixels is over "
+                         f"max_pixels={limit:,} (a pipeline option)")
         if encoding == "keep":
             return image_example(encoded=data, image_format=image_format, height=height,
                                  width=width, label=label, text=text, filename=filename)
@@ -180,9 +194,14 @@ def decode_image_batch(features: dict, height: int, width: int, channels: int,
 
     if (info or {}).get("image_encoding") == "raw":
         return _decode_raw_batch(features, info["image_size"], height, width, channels)
+    limit = (info or {}).get("max_pixels", DEFAULT_MAX_PIXELS)
 
     def decode(encoded):
-        return tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+        within = tf.debugging.assert_less_equal(
+            header_pixels(encoded), tf.constant(limit, tf.int64),
+            message=f"{TOO_MANY_PIXELS}={limit}: its header declares more pixels")
+        with tf.control_dependencies([within]):
+            return tf.io.decode_image(encoded, channels=channels, expand_animations=False)
 
     def decode_batch(decode_one, dtype):
         # One image at a time within a batch: the parallel map over batches already keeps the
@@ -206,6 +225,39 @@ def decode_image_batch(features: dict, height: int, width: int, channels: int,
     images = images / 255.0
     labels = tf.cast(features["image/class/label"], tf.int32)
     return images, labels
+
+
+def header_pixels(encoded):
+    """Height x width (int64) that an encoded PNG, JPEG, GIF or BMP declares in its header, read
+    in the graph without decoding (0 for other content, which `decode_image` then refuses)."""
+    import tensorflow as tf
+
+    padded = tf.strings.join([tf.strings.substr(encoded, 0, 26), tf.constant(b"\0" * 26)])
+    head = tf.cast(tf.io.decode_raw(tf.strings.substr(padded, 0, 26), tf.uint8), tf.int64)
+
+    def number(start, size, big_endian):
+        places = range(size) if big_endian else range(size - 1, -1, -1)
+        value = tf.constant(0, tf.int64)
+        for i in places:
+            value = value * 256 + head[start + i]
+        return value
+
+    def unsigned_magnitude(value):  # |int32| of an unsigned reading
+        return tf.where(value >= 2**31, 2**32 - value, value)
+
+    def jpeg():
+        shape = tf.cast(tf.image.extract_jpeg_shape(encoded), tf.int64)
+        return shape[0] * shape[1]
+
+    signature = tf.strings.substr(padded, 0, 8)
+    return tf.case([
+        (tf.equal(signature, _PNG_MAGIC), lambda: number(16, 4, True) * number(20, 4, True)),
+        (tf.equal(tf.strings.substr(signature, 0, 2), b"\xff\xd8"), jpeg),
+        (tf.equal(tf.strings.substr(signature, 0, 3), b"GIF"),
+         lambda: number(6, 2, False) * number(8, 2, False)),
+        (tf.equal(tf.strings.substr(signature, 0, 2), b"BM"),  # a negative height: top-down
+         lambda: number(18, 4, False) * unsigned_magnitude(number(22, 4, False))),
+    ], default=lambda: tf.constant(0, tf.int64), exclusive=True)
 
 
 def _decode_raw_batch(features: dict, stored, height: int, width: int, channels: int):

@@ -35,7 +35,8 @@ import posixpath
 
 from pipelines.base import BasePipeline, Row
 from pipelines.options import check_known, get_bool, get_int, get_str
-from pipelines.sources import list_files, source_splits
+from pipelines import class_ids
+from pipelines.sources import list_files, source_splits, text_lines, undecodable
 from tftrain.data import example_bytes
 from tftrain.errors import BadRow, ConfigError
 
@@ -139,8 +140,6 @@ class Pipeline(BasePipeline):
 
     def _lines(self, source: str):
         """Yields (key, line, source split) for every non-blank line, streaming."""
-        import tensorflow as tf
-
         if not source:
             for number, record in enumerate(embedded_records(), start=1):
                 record = {self.text_key: record["text"], self.label_key: record["label"]}
@@ -148,13 +147,14 @@ class Pipeline(BasePipeline):
             return
         paths = list_files(source, EXTENSIONS, "JSON Lines")
         for path, split in source_splits(paths).items():
-            with tf.io.gfile.GFile(path, "r") as f:
-                for number, line in enumerate(f, start=1):
-                    if line.strip():
-                        yield f"{posixpath.basename(path)}:{number}", line, split
+            for number, line in enumerate(text_lines(path), start=1):
+                if line.strip():
+                    yield f"{posixpath.basename(path)}:{number}", line, split
 
     def _parse(self, line: str) -> tuple[str, object]:
         """The (text, raw label) of one line; raises BadRow."""
+        if undecodable(line):
+            raise BadRow("bytes that are not UTF-8")
         try:
             record = json.loads(line)
         except json.JSONDecodeError as e:
@@ -177,6 +177,7 @@ class Pipeline(BasePipeline):
 
     def prepare(self, source):
         texts, int_labels, str_labels = [], set(), set()
+        largest = (-1, "")  # the largest integer label and the line it is on
         for key, line, split in self._lines(source):
             try:
                 text, label = self._parse(line)
@@ -187,6 +188,8 @@ class Pipeline(BasePipeline):
             if self.split_of(key, split) == "train":
                 texts.append(text)
             (str_labels if isinstance(label, str) else int_labels).add(label)
+            if isinstance(label, int) and label > largest[0]:
+                largest = (label, key)
         if not (str_labels or int_labels):
             raise ConfigError(f"no valid {{{self.text_key!r}: ..., {self.label_key!r}: ...}} lines "
                               f"in {source!r}; set text_key=/label_key= if the keys differ.")
@@ -200,7 +203,8 @@ class Pipeline(BasePipeline):
             info["class_names"] = sorted(str_labels)
             info["num_classes"] = len(str_labels)
         else:
-            info["num_classes"] = max(int_labels) + 1
+            info["num_classes"] = class_ids.num_classes(largest[0], len(int_labels),
+                                                        f"line {largest[1]}")
         return info
 
     def _adapt(self, texts: list[str], info: dict) -> list[str]:

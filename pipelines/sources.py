@@ -56,3 +56,22 @@ def source_splits(paths: list[str]) -> dict[str, str | None]:
         return splits
     return {path: None for path in paths}
 
+
+
+_UNDECODABLE = re.compile("[\udc80-\udcff]")
+
+
+def text_lines(path: str):
+    """The lines of the text file `path` (line ends kept), decoded as UTF-8 one line at a time:
+    bytes that are not UTF-8 become lone surrogates (`undecodable` finds them), so one bad line
+    is a bad row instead of the end of the file."""
+    import tensorflow as tf
+
+    with tf.io.gfile.GFile(path, "rb") as f:
+        for line in f:
+            yield line.decode("utf-8", "surrogateescape")
+
+
+def undecodable(text: str) -> bool:
+    """True when `text` (from `text_lines`) holds bytes that were not UTF-8."""
+    return bool(_UNDECODABLE.search(text))

@@ -6,7 +6,7 @@ import re
 import tensorflow as tf
 from absl import logging
 
-from pipelines import dataset_pipeline, raw_bytes
+from pipelines import dataset_pipeline, images, raw_bytes
 from tftrain.config import CACHE_MODES
 from tftrain.data import dataset_files
 from tftrain.data import manifest as manifest_lib
@@ -21,6 +21,7 @@ STAGES = ("read", "parse", "decode")
 # by TensorFlow only by its offset, so the error message names these.
 OPENED: dict[str, bool] = {}  # data_dir -> has a manifest (`tftrain inspect --verify` applies)
 _DAMAGED_RECORD = re.compile(r"(corrupted|truncated) record at (\d+)")
+_TOO_MANY_PIXELS = re.compile(re.escape(images.TOO_MANY_PIXELS) + r"=(\d+)")
 _WRONG_RAW_SIZE = re.compile(r"(\w+=raw \w+) " + re.escape(raw_bytes.SIZE_MISMATCH)
                              + r": (\d+) bytes \(([^)]*)\) expected, found\] \[(\d+)")
 
@@ -35,6 +36,12 @@ def damaged_record_message(error: BaseException) -> str | None:
     if isinstance(error, tf.errors.OpError) and dataset_files.CHECK_FAILED in str(error):
         return str(error).split(dataset_files.CHECK_FAILED, 1)[1].splitlines()[0]
     where = " or ".join(OPENED) or "the TFRecords read"
+    too_large = (_TOO_MANY_PIXELS.search(str(error))
+                 if isinstance(error, tf.errors.InvalidArgumentError) else None)
+    if too_large:
+        return (f"an image in {where} declares more than max_pixels={too_large.group(1)} pixels "
+                "in its header; it was not decoded. Remove it, or set the pipeline option "
+                "max_pixels higher when you trust the data.")
     wrong_size = (_WRONG_RAW_SIZE.search(str(error))
                   if isinstance(error, tf.errors.InvalidArgumentError) else None)
     if wrong_size:
