@@ -159,6 +159,8 @@ class Pipeline(BasePipeline):
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise BadRow(f"invalid JSON: {e}") from None
+        except RecursionError:
+            raise BadRow("invalid JSON: nested too deeply") from None
         if not isinstance(record, dict):
             raise BadRow(f"expected a JSON object, got {type(record).__name__}")
         if self.text_key not in record:

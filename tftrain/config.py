@@ -299,8 +299,9 @@ def load_yaml(text: str, where: str):
     """Parses YAML with the safe loader, refusing a document that expands (through aliases)
     to more than MAX_YAML_NODES nodes, refers to itself, or nests too deeply; errors are one
     ConfigError naming `where`."""
-    loader = yaml.SafeLoader(text)
+    loader = None
     try:
+        loader = yaml.SafeLoader(text)
         node = loader.get_single_node()
         if node is not None:
             _expanded_size(node, {}, set(), where)
@@ -310,7 +311,8 @@ def load_yaml(text: str, where: str):
     except RecursionError:
         raise ConfigError(f"{where} nests too deeply to be a config.") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _expanded_size(node, sizes: dict, open_nodes: set, where: str) -> int:

@@ -126,7 +126,7 @@ def _guarded(name: str, module):
                 raise ConfigError(f"unexpected arguments {argv[1:]}: every option is a --flag")
             return module.main(argv)
         except TftrainError as e:
-            print(f"{PROG} {name}: error: {e}", file=sys.stderr)
+            print(f"{PROG} {name}: error: {shortened(str(e))}", file=sys.stderr)
             return e.exit_code
         except KeyboardInterrupt:
             print(f"{PROG} {name}: interrupted", file=sys.stderr)
@@ -139,6 +139,21 @@ def _guarded(name: str, module):
             return 1
 
     return guarded_main
+
+
+MAX_LINE = 2000  # characters of one error line: a message may quote a value from the input
+
+
+def shortened(message: str) -> str:
+    """`message` with each line longer than MAX_LINE cut in its middle (a 200 KB value quoted
+    from a bad input would bury the line that says what to do)."""
+    def cut(line: str) -> str:
+        if len(line) <= MAX_LINE:
+            return line
+        keep = MAX_LINE // 2
+        return f"{line[:keep]} ... [{len(line) - 2 * keep:,} characters left out] ... {line[-keep:]}"
+
+    return "\n".join(cut(line) for line in message.split("\n"))
 
 
 def is_disk_full(error: BaseException) -> bool:

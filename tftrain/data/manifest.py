@@ -67,8 +67,8 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 class Shard:
     file: str
     num_examples: int
-    bytes: int | None
-    sha256: str | None
+    bytes: int
+    sha256: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,8 +107,9 @@ def validate(manifest, path: str = MANIFEST_NAME) -> Manifest:
     for name, feature in features.items():
         _check_feature(f"features.{name}", feature, problem)
     info = _mapping(manifest, "info", problem, required=False)
-    if "num_classes" in info and not _count(info["num_classes"], minimum=1):
-        problem("info.num_classes", f"{info['num_classes']!r} is not a positive integer")
+    for key, (valid, what) in _INFO_RULES.items():
+        if key in info and not valid(info[key]):
+            problem(f"info.{key}", f"{_short(info[key])} is not {what}")
     splits = {}
     for name, entry in _mapping(manifest, "splits", problem).items():
         splits[name] = _check_split(f"splits.{name}", entry, problem)
@@ -126,8 +127,44 @@ def validate(manifest, path: str = MANIFEST_NAME) -> Manifest:
     return Manifest(pipeline, features, info, splits)
 
 
+def _strings(value) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)
+
+
+# The info keys that tftrain's engine and several pipelines read (each pipeline's own keys are
+# its business): what each must be.
+_INFO_RULES = {
+    "num_classes": (lambda v: _count(v, minimum=1), "a positive integer"),
+    "class_names": (_strings, "a list of strings"),
+    "vocabulary": (_strings, "a list of strings"),
+    "image_size": (lambda v: isinstance(v, list) and len(v) == 3
+                   and all(_count(n, minimum=1) for n in v), "[height, width, channels]"),
+    "vocab_size": (lambda v: _count(v, minimum=1), "a positive integer"),
+    "sequence_length": (lambda v: _count(v, minimum=1), "a positive integer"),
+    "max_length": (lambda v: _count(v, minimum=1), "a positive integer"),
+    "input_dim": (lambda v: _count(v, minimum=1), "a positive integer"),
+    "label_stats": (lambda v: isinstance(v, dict), "an object"),
+    "image_encoding": (lambda v: isinstance(v, str), "a string"),
+    "max_pixels": (lambda v: _count(v, minimum=1), "a positive integer"),
+}
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _count(value, minimum: int = 0) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _matches(value, dtype) -> bool:
+    """True when `value` is a valid default of a feature of `dtype`."""
+    if dtype == "string":
+        return isinstance(value, str)
+    if dtype == "int64":
+        return isinstance(value, int) and not isinstance(value, bool) and -2**63 <= value < 2**63
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 3.4e38
 
 
 def _mapping(parent: dict, key: str, problem, required: bool = True) -> dict:
@@ -146,6 +183,8 @@ def _check_feature(where: str, feature, problem) -> None:
         return
     if feature.get("dtype") not in DTYPES:
         problem(f"{where}.dtype", f"{feature.get('dtype')!r} is not one of {', '.join(DTYPES)}")
+    if "default" in feature and not _matches(feature["default"], feature.get("dtype")):
+        problem(f"{where}.default", f"{feature['default']!r} is not a {feature.get('dtype')}")
     shape = feature.get("shape")
     if not isinstance(shape, list) or not all(_count(n) for n in shape) or len(shape) > 8:
         problem(f"{where}.shape", f"{shape!r} is not a list of non-negative integers")
@@ -161,6 +200,9 @@ def _check_split(where: str, entry, problem) -> Split:
     if not isinstance(shards, list) or not shards:
         problem(f"{where}.shards", "missing or empty: a split has at least one shard")
         return Split(0, ())
+    counts = entry.get("label_counts", {})
+    if not (isinstance(counts, dict) and all(_count(n) for n in counts.values())):
+        problem(f"{where}.label_counts", "not an object of non-negative integer counts")
     checked = tuple(_check_shard(f"{where}.shards[{i}]", shard, problem)
                     for i, shard in enumerate(shards))
     total = sum(shard.num_examples for shard in checked)
@@ -180,15 +222,15 @@ def _check_shard(where: str, shard, problem) -> Shard:
     if not _count(count):
         problem(f"{where}.num_examples", f"{count!r} is not a non-negative integer")
         count = 0
-    if size is not None and not _count(size):
+    if not _count(size):
         problem(f"{where}.bytes", f"{size!r} is not a non-negative integer")
-    elif size is not None and count * FRAME_BYTES > size:
+    elif count * FRAME_BYTES > size:
         problem(f"{where}.num_examples", f"{count:,} records cannot fit in {size:,} bytes (each "
                 f"takes at least {FRAME_BYTES})")
-    if sha256 is not None and not (isinstance(sha256, str) and _SHA256.fullmatch(sha256)):
+    if not (isinstance(sha256, str) and _SHA256.fullmatch(sha256)):
         problem(f"{where}.sha256", f"{sha256!r} is not a sha256 in hex")
-    return Shard(file if isinstance(file, str) else "", count,
-                 size if _count(size) else None, sha256 if isinstance(sha256, str) else None)
+    return Shard(file if isinstance(file, str) else "", count, size if _count(size) else 0,
+                 sha256 if isinstance(sha256, str) else "")
 
 
 def write(data_dir: str, manifest: dict) -> None:

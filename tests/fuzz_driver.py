@@ -1,0 +1,341 @@
+"""The fuzz test's driver process: runs seeded cases through the real CLI, in one process.
+
+    python -m tests.fuzz_driver WORKDIR SEED FIRST COUNT
+
+Each case `i` is generated from (SEED, i) alone, so any case replays by itself
+(`TFTRAIN_FUZZ_SEED=S TFTRAIN_FUZZ_FIRST=i TFTRAIN_FUZZ_CASES=1 pytest tests/test_fuzz.py`).
+For each case the driver prints one JSON line when it starts (what it mutated) and one when it
+ends (exit code, stderr, and `problem` when the result was wrong although it exited 0); the test
+(tests/test_fuzz.py) times each case, restarts the driver after a crash or a hang, and checks
+the sentinel directory outside every target after every case.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import random
+import shutil
+import struct
+import sys
+import tempfile
+import traceback
+
+KINDS = ("manifest", "shard", "yaml", "csv", "jsonl")
+TRAIN_EVERY = 6  # one damaged-dataset case in this many also trains on it (the costly read)
+VALUES = [-5, 1e18, 10**18, 2**63, None, "", "x", "../../sentinel/keep.txt", "/etc/passwd", [], {},
+          True, 0, 1, -1, 3.5, "ünï\u2028", [[[[[]]]]], {"a": {"b": {}}}, "train", "int64",
+          "complex128", 10**9]
+
+
+def build_bases(work: str) -> dict:
+    """The undamaged inputs every case copies: a digits dataset, a config, a CSV, a JSONL."""
+    from pipelines import load_pipeline
+    from tftrain.data.writer import write_dataset
+
+    bases = os.path.join(work, "bases")
+    dataset = os.path.join(bases, "digits")
+    if not os.path.exists(os.path.join(dataset, "dataset.json")):
+        write_dataset(load_pipeline("digits"), "", dataset, progress=False)
+    rows = ["a,b,c,label"] + [f"{i * 0.5},{i % 7},{'xyz'[i % 3]},{i % 3}" for i in range(60)]
+    texts = [json.dumps({"text": f"word{i % 5} other{i % 3} text", "label": i % 3})
+             for i in range(60)]
+    files = {"table.csv": "\n".join(rows) + "\n", "rows.jsonl": "\n".join(texts) + "\n",
+             "tiny.yaml": ("data:\n  dir: DATA\n  batch_size: 32\nmodel:\n  name: mlp\n  params: "
+                           "{hidden_units: [8]}\ntrain:\n  epochs: 1\n  steps_per_epoch: 2\n")}
+    for name, text in files.items():
+        with open(os.path.join(bases, name), "w") as f:
+            f.write(text)
+    return {"dataset": dataset, **{name: os.path.join(bases, name) for name in files}}
+
+
+# ---- mutators: each takes the case's rng and returns a description ---------------------------
+
+def mutate_manifest(rng: random.Random, path: str) -> str:
+    text = open(path, encoding="utf-8").read()
+    how = rng.choice(["value", "value", "value", "delete", "bytes", "truncate", "nest"])
+    if how == "bytes":
+        data = bytearray(text.encode())
+        for _ in range(rng.randint(1, 4)):
+            data[rng.randrange(len(data))] = rng.randrange(256)
+        open(path, "wb").write(bytes(data))
+        return "manifest bytes changed"
+    if how == "truncate":
+        cut = rng.randrange(len(text))
+        open(path, "w").write(text[:cut])
+        return f"manifest cut at {cut}"
+    if how == "nest":
+        depth = rng.choice([100, 10_000, 200_000])
+        open(path, "w").write(text.rstrip()[:-1] + ', "deep": ' + "[" * depth + "]" * depth + "}")
+        return f"manifest nested {depth} deep"
+    manifest = json.loads(text)
+    parent, key = _random_slot(rng, manifest)
+    if how == "delete":
+        parent.pop(key) if isinstance(parent, dict) else parent.pop(key)
+        described = f"deleted {key!r}"
+    else:
+        value = rng.choice(VALUES)
+        parent[key] = value
+        described = f"set {key!r} to {value!r}"
+    open(path, "w").write(json.dumps(manifest))
+    return "manifest " + described
+
+
+def _random_slot(rng: random.Random, tree):
+    """A (container, key) inside `tree`, deeper ones as likely as shallow ones."""
+    slots, stack = [], [tree]
+    while stack:
+        node = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(
+            node, list) else ()
+        for key, child in items:
+            slots.append((node, key))
+            if isinstance(child, (dict, list)) and len(slots) < 5000:
+                stack.append(child)
+    return rng.choice(slots)
+
+
+def mutate_shard(rng: random.Random, dataset: str, sentinel: str) -> str:
+    from tftrain.data.record_file import masked_crc32c
+
+    manifest = json.load(open(os.path.join(dataset, "dataset.json")))
+    split = rng.choice(sorted(manifest["splits"]))
+    path = os.path.join(dataset, manifest["splits"][split]["shards"][0]["file"])
+    data = bytearray(open(path, "rb").read())
+    how = rng.choice(["flip", "flip", "truncate", "huge", "huge", "zero", "append", "link_dir",
+                      "link_file", "dev_zero", "fifo", "directory", "duplicate"])
+    if how in ("link_dir", "link_file", "dev_zero", "fifo", "directory"):
+        os.remove(path)
+        if how == "fifo":
+            os.mkfifo(path)
+        elif how == "directory":
+            os.mkdir(path)
+        else:
+            os.symlink({"link_dir": sentinel, "link_file": os.path.join(sentinel, "keep.txt"),
+                        "dev_zero": "/dev/zero"}[how], path)
+        return f"{split} shard replaced: {how}"
+    if how == "flip":
+        for _ in range(rng.randint(1, 3)):
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+    elif how == "truncate":
+        del data[rng.randrange(len(data)):]
+    elif how == "huge":
+        length = struct.pack("<Q", rng.choice([1 << 40, 1 << 62, len(data), 2**64 - 1]))
+        data[0:12] = length + masked_crc32c(length)
+    elif how == "zero":
+        data = bytearray()
+    elif how == "append":
+        data += bytes(rng.randrange(256) for _ in range(rng.randint(1, 40)))
+    else:
+        data.extend(bytes(data))
+    open(path, "wb").write(bytes(data))
+    return f"{split} shard: {how}"
+
+
+def mutate_text(rng: random.Random, path: str, kind: str) -> str:
+    raw = bytearray(open(path, "rb").read())
+    how = rng.choice(["quote", "quote", "huge", "bytes", "nul", "line", "label", "delete_line",
+                      "empty", "cr", "alias_bomb" if kind == "yaml" else "deep"])
+    at = rng.randrange(len(raw))
+    if how == "quote":
+        raw[at:at] = b'"'
+    elif how == "huge":
+        raw[at:at] = b"x" * rng.choice([1000, 200_000])
+    elif how == "bytes":
+        raw[at:at] = bytes([rng.choice([0x80, 0xff, 0xfe, 0xc3])])
+    elif how == "nul":
+        raw[at:at] = b"\0"
+    elif how == "line":
+        raw[at:at] = rng.choice([b"\n,,,\n", b"\n{\n", b"\n- a\n", b"\n1,2\n", b"\n[1]\n"])
+    elif how == "label":
+        raw[at:at] = rng.choice([b"100000000", b"-7", b"1e400", b"nan", b"2.5"])
+    elif how == "delete_line":
+        lines = bytes(raw).split(b"\n")
+        del lines[rng.randrange(len(lines))]
+        raw = bytearray(b"\n".join(lines))
+    elif how == "empty":
+        raw = bytearray()
+    elif how == "cr":
+        raw = bytearray(bytes(raw).replace(b"\n", b"\r"))
+    elif how == "alias_bomb":
+        raw += (b"extra:\n  a: &a [x, x, x, x, x, x, x, x, x, x]\n"
+                + b"".join(b"  %s: &%s [%s]\n" % (n, n, b", ".join([b"*" + p] * 10))
+                           for p, n in zip([b"a", b"b", b"c", b"d", b"e", b"f", b"g"],
+                                           [b"b", b"c", b"d", b"e", b"f", b"g", b"h"])))
+    else:
+        raw[at:at] = b"[" * 100_000
+    open(path, "wb").write(bytes(raw))
+    return f"{kind}: {how} at byte {at}"
+
+
+def plant_links(rng: random.Random, directory: str, sentinel: str) -> str:
+    """Plants links to the sentinel where tftrain might delete or write (a run's logs/ and
+    backup/, a conversion's marker and shard names)."""
+    os.makedirs(directory, exist_ok=True)
+    name = rng.choice(["logs", "backup", "checkpoints", "export", "train-00000-of-00001.tfrecord",
+                       "bad_rows.jsonl", ".convert.lock", ".tftrain-run.lock"])
+    os.symlink(sentinel, os.path.join(directory, name))
+    if rng.random() < 0.5:
+        with open(os.path.join(directory, ".tftrain-convert.json"), "w") as f:
+            json.dump({"format": "tftrain.convert/1", "run_id": "x", "pid": 1, "files": [name]}, f)
+    return f"planted {name} -> sentinel"
+
+
+# ---- checks of an exit 0 -------------------------------------------------------------------
+
+def dataset_problem(dataset: str) -> str | None:
+    """Why `dataset` is not intact (its files against its manifest, checked independently of
+    tftrain's own verify), or None."""
+    from tftrain.data.record_file import check_frames
+
+    try:
+        manifest = json.load(open(os.path.join(dataset, "dataset.json"), encoding="utf-8"))
+        for name, split in manifest["splits"].items():
+            total = 0
+            for shard in split["shards"]:
+                path = os.path.join(dataset, shard["file"])
+                if os.path.islink(path) or not os.path.isfile(path):
+                    return f"{name}: {shard['file']} is not a regular file"
+                data = open(path, "rb").read()
+                if len(data) != shard["bytes"] or hashlib.sha256(data).hexdigest() != shard["sha256"]:
+                    return f"{name}: {shard['file']} differs from its manifest entry"
+                if check_frames(path) != shard["num_examples"]:
+                    return f"{name}: {shard['file']} holds another number of records"
+                total += shard["num_examples"]
+            if total != split["num_examples"] or type(total) is not int:
+                return f"{name}: num_examples {split['num_examples']!r} != {total}"
+    except Exception as e:  # noqa: BLE001  (anything unreadable is not intact)
+        return f"not intact: {type(e).__name__}: {e}"
+    return None
+
+
+def rows_problem(source: str, dataset: str, kind: str) -> str | None:
+    """For JSONL, every non-blank line is a row: examples + bad rows must account for all."""
+    problem = dataset_problem(dataset)
+    if problem or kind != "jsonl":
+        return problem
+    lines = [line for line in open(source, "rb").read().split(b"\n") if line.strip()]
+    manifest = json.load(open(os.path.join(dataset, "dataset.json")))
+    examples = sum(s["num_examples"] for s in manifest["splits"].values())
+    bad = manifest.get("bad_rows", {}).get("count", 0)
+    if examples + bad != len(lines):
+        return f"{len(lines)} rows in, {examples} examples + {bad} bad rows out"
+    return None
+
+
+# ---- running one case ----------------------------------------------------------------------
+
+@contextlib.contextmanager
+def captured_output(stdout_path: str, stderr_path: str):
+    """Sends fds 1 and 2 (what the command prints, absl's and TensorFlow's logs) to files for
+    the block: the driver's own stdout carries only its JSON lines (`PROTOCOL`)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(stderr_path, "w") as err, open(stdout_path, "w") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            os.close(saved[0])
+            os.close(saved[1])
+
+
+PROTOCOL = sys.stdout
+
+
+def say(message: dict) -> None:
+    """One JSON line to the test."""
+    PROTOCOL.write(json.dumps(message) + "\n")
+    PROTOCOL.flush()
+
+
+def cli(*args: str) -> int:
+    """`tftrain <args>` in this process: its exit code; an exception that escapes it is printed
+    as the traceback a user would see (and fails the case)."""
+    from tftrain.cli import run
+
+    try:
+        run(["tftrain", *args])
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def run_case(index: int, seed: int, bases: dict, work: str, sentinel: str) -> None:
+    rng = random.Random(f"{seed}:{index}")
+    kind = KINDS[rng.randrange(len(KINDS))]
+    case_dir = tempfile.mkdtemp(prefix=f"case{index}-", dir=work)
+    start = {"case": index, "event": "start", "kind": kind}
+    commands, check = [], None
+    if kind in ("manifest", "shard"):
+        dataset = os.path.join(case_dir, "digits")
+        shutil.copytree(bases["dataset"], dataset)
+        what = (mutate_manifest(rng, os.path.join(dataset, "dataset.json")) if kind == "manifest"
+                else mutate_shard(rng, dataset, sentinel))
+        commands.append(("inspect", f"--data={dataset}", "--verify"))
+        if index % TRAIN_EVERY == 0:
+            run = os.path.join(case_dir, "run")
+            what += "; " + plant_links(rng, run, sentinel)
+            commands.append(("train", f"--config={bases['tiny.yaml']}", f"--model_dir={run}",
+                             f"--params_override=data.dir={dataset}"))
+
+        def check(code, command):
+            return dataset_problem(dataset) if command[0] == "inspect" else None
+    elif kind == "yaml":
+        config = os.path.join(case_dir, "c.yaml")
+        with open(bases["tiny.yaml"]) as f:
+            open(config, "w").write(f.read().replace("DATA", bases["dataset"]))
+        what = mutate_text(rng, config, kind)
+        commands.append(("check", f"--config={config}", "--target=cpu"))
+    else:
+        source = os.path.join(case_dir, "table.csv" if kind == "csv" else "rows.jsonl")
+        shutil.copy(bases[os.path.basename(source)], source)
+        what = mutate_text(rng, source, kind)
+        out = os.path.join(case_dir, "out")
+        if rng.random() < 0.3:
+            what += "; " + plant_links(rng, out, sentinel)
+        commands.append(("convert", f"--pipeline={kind}", f"--input={source}", f"--output={out}",
+                         "--workers=1", "--max_bad_fraction=0.5"))
+
+        def check(code, command):
+            return rows_problem(source, out, kind)
+    say({**start, "what": what})
+    results = []
+    for command in commands:
+        err_path = os.path.join(case_dir, "stderr.txt")
+        out_path = os.path.join(case_dir, "stdout.txt")
+        with captured_output(out_path, err_path):
+            code = cli(*command)
+        stderr = open(err_path, errors="replace").read()
+        stdout = open(out_path, errors="replace").read()
+        problem = check(code, command) if code == 0 and check else None
+        results.append({"command": command[0], "code": code, "stderr": stderr[-20000:],
+                        "stdout": stdout[-2000:], "problem": problem})
+    say({"case": index, "event": "end", "results": results})
+    shutil.rmtree(case_dir, ignore_errors=True)
+
+
+def main(argv: list[str]) -> None:
+    work, seed, first, count = argv[1], int(argv[2]), int(argv[3]), int(argv[4])
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tftrain  # noqa: F401  (tf-keras before TensorFlow)
+
+    bases = build_bases(work)
+    say({"event": "ready"})
+    sentinel = os.path.join(work, "sentinel")
+    for index in range(first, first + count):
+        run_case(index, seed, bases, work, sentinel)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,191 @@
+"""Fuzzing tftrain with hostile and damaged input (issue #23): seeded mutations of manifests,
+shard bytes, YAML configs and CSV/JSONL rows, each run through the real CLI.
+
+Every case must end with exit 0 and a correct result, or with a non-zero exit and one error
+line: no traceback, no signal, no hang; and a sentinel directory outside every target (which the
+cases link to from inside them) must be unchanged after every case. The cases run in one driver
+process (tests/fuzz_driver.py), restarted after a crash or a hang.
+
+    TFTRAIN_FUZZ_SEED (default 23), TFTRAIN_FUZZ_CASES (default 400), TFTRAIN_FUZZ_FIRST (0)
+"""
+from __future__ import annotations
+
+import collections
+import hashlib
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+
+SEED = int(os.environ.get("TFTRAIN_FUZZ_SEED", "23"))
+CASES = int(os.environ.get("TFTRAIN_FUZZ_CASES", "400"))
+FIRST = int(os.environ.get("TFTRAIN_FUZZ_FIRST", "0"))
+CASE_TIMEOUT = 90  # seconds: a training case takes ~2 s; a hang never ends
+START_TIMEOUT = 180
+_LOG_LINE = re.compile(r"^[IWEF]\d{4} |^WARNING: All log messages|^\d+/\d+ |^Epoch ")
+
+
+def snapshot(path) -> dict:
+    """Every entry under `path` (not following links): its kind, size and content hash."""
+    found = {}
+    for directory, dirs, files in os.walk(path):
+        for name in dirs + files:
+            full = os.path.join(directory, name)
+            if os.path.islink(full) or os.path.isdir(full):
+                found[os.path.relpath(full, path)] = "link" if os.path.islink(full) else "dir"
+            else:
+                with open(full, "rb") as f:
+                    found[os.path.relpath(full, path)] = hashlib.sha256(f.read()).hexdigest()
+    return found
+
+
+def verdict(result: dict) -> str | None:
+    """What is wrong with one command's outcome, or None."""
+    if result["code"] == 0:
+        return result["problem"] and f"exit 0 with a wrong result: {result['problem']}"
+    err = result["stderr"]
+    if "Traceback" in err:
+        return "a traceback: " + " | ".join(err.strip().splitlines()[-3:])
+    if result["command"] == "check" and result["code"] == 1 and "would fail" in result["stdout"]:
+        return None  # its answer: the report on stdout says which check failed and why
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    if len(errors) != 1:
+        shown = err.strip() or "stdout: " + result["stdout"].strip()
+        shown = shown if len(shown) < 600 else f"{shown[:300]} ... {shown[-300:]}"
+        return f"exit {result['code']} with {len(errors)} error lines: {shown!r}"
+    return None
+
+
+class Driver:
+    """The driver process, read line by line with timeouts."""
+
+    def __init__(self, work: str, first: int, count: int):
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "tests.fuzz_driver", work, str(SEED), str(first), str(count)],
+            cwd=REPO, stdout=subprocess.PIPE, stderr=open(os.path.join(work, "driver.log"), "a"),
+            start_new_session=True)
+        self.selector = selectors.DefaultSelector()
+        self.selector.register(self.process.stdout, selectors.EVENT_READ)
+
+    pending = b""  # read from the pipe, not yet a whole line
+
+    def next_event(self, timeout: float) -> dict | None:
+        """The next JSON line, or None on a timeout or when the driver died."""
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\n" in self.pending:
+                line, self.pending = self.pending.split(b"\n", 1)
+                if line.startswith(b"{"):
+                    return json.loads(line)
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.selector.select(timeout=left):
+                return None
+            chunk = os.read(self.process.stdout.fileno(), 1 << 16)
+            if not chunk:
+                return None
+            self.pending += chunk
+
+    def stop(self) -> str:
+        """Kills the driver's whole process group; returns how it ended."""
+        try:
+            code = self.process.wait(timeout=5)  # a driver that died is reaped first
+        except subprocess.TimeoutExpired:
+            code = None
+        if code is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+            return "hang (killed after the timeout)"
+        return f"signal {-code}" if code < 0 else f"exit {code}"
+
+
+def run_cases(work: str, first: int, count: int) -> tuple[list, collections.Counter]:
+    """Runs cases first..first+count-1; returns the failures and the outcomes per kind."""
+    sentinel = os.path.join(work, "sentinel")
+    before = snapshot(sentinel)
+    failures, outcomes, index = [], collections.Counter(), first
+    while index < first + count:
+        driver = Driver(work, index, first + count - index)
+        try:
+            assert driver.next_event(START_TIMEOUT) == {"event": "ready"}, "the driver did not start"
+            while index < first + count:
+                started = driver.next_event(CASE_TIMEOUT)
+                ended = started and driver.next_event(CASE_TIMEOUT)
+                if not ended:
+                    how = driver.stop()
+                    failures.append((index, started, how))
+                    outcomes[(started or {}).get("kind", "?"), how] += 1
+                    index += 1
+                    break
+                for result in ended["results"]:
+                    problem = verdict(result)
+                    outcomes[started["kind"], f"{result['command']} exit {result['code']}"] += 1
+                    if problem:
+                        failures.append((index, started, f"{result['command']}: {problem}"))
+                if snapshot(sentinel) != before:
+                    failures.append((index, started, "the sentinel directory changed"))
+                    before = snapshot(sentinel)
+                index += 1
+        finally:
+            driver.stop()
+    return failures, outcomes
+
+
+def report(failures, outcomes, seconds: float, count: int) -> str:
+    lines = [f"{count} fuzz cases (seed {SEED}) in {seconds:.0f} s:"]
+    lines += [f"  {kind:<8} {outcome:<28} {n}" for (kind, outcome), n in sorted(outcomes.items())]
+    for index, started, problem in failures[:30]:
+        lines.append(f"case {index} ({(started or {}).get('what', 'not started')}): {problem}")
+    return "\n".join(lines)
+
+
+@pytest.fixture
+def work(tmp_path):
+    (tmp_path / "sentinel" / "sub").mkdir(parents=True)
+    (tmp_path / "sentinel" / "keep.txt").write_text("precious")
+    (tmp_path / "sentinel" / "sub" / "deep.txt").write_text("also precious")
+    return str(tmp_path)
+
+
+def test_hostile_input_never_crashes_hangs_or_touches_the_outside(work):
+    started = time.monotonic()
+    failures, outcomes = run_cases(work, FIRST, CASES)
+    text = report(failures, outcomes, time.monotonic() - started, CASES)
+    print(text)
+    assert not failures, text
+    assert sum(outcomes.values()) >= CASES  # every case ran at least one command
+
+
+def test_the_harness_catches_each_kind_of_failure(work):
+    """A traceback, several error lines, a wrong exit-0 result, a signal and a hang are each
+    reported (the last two by running the driver in a mode that crashes or sleeps)."""
+    def result(code, stderr, problem=None):
+        return {"command": "inspect", "code": code, "stderr": stderr, "stdout": "",
+                "problem": problem}
+
+    assert verdict(result(1, "Traceback (most recent call last):\n x"))
+    assert verdict(result(1, "tftrain a: error: x\ntftrain a: error: y"))
+    assert verdict(result(1, ""))
+    assert verdict(result(0, "", "shard differs"))
+    assert verdict(result(2, "I1202 log\ntftrain a: error: one line")) is None
+    for mode, expected in (("crash", "signal 11"), ("hang", "hang")):
+        driver = subprocess.Popen(
+            [sys.executable, "-c", "import json, os, signal, time\n"
+             "print(json.dumps({'event': 'ready'}), flush=True)\n"
+             "print(json.dumps({'case': 0, 'event': 'start', 'kind': 'self'}), flush=True)\n"
+             + ("os.kill(os.getpid(), signal.SIGSEGV)" if mode == "crash" else "time.sleep(60)")],
+            stdout=subprocess.PIPE, start_new_session=True)
+        harness = Driver.__new__(Driver)
+        harness.process, harness.selector = driver, selectors.DefaultSelector()
+        harness.selector.register(driver.stdout, selectors.EVENT_READ)
+        assert harness.next_event(30) == {"event": "ready"}
+        assert harness.next_event(30)["event"] == "start"
+        assert harness.next_event(2) is None
+        assert expected in harness.stop()
