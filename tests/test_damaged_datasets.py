@@ -167,6 +167,7 @@ TRAIN_SHARD = ["splits", "train", "shards", 0]
     (set_path(["splits"], "train"), "splits: a str, not an object"),
     (set_path(["pipeline"], 7), "pipeline: 7 is not a pipeline name"),
     (set_path(["info", "num_classes"], "ten"), "info.num_classes: 'ten' is not a positive"),
+    (set_path(["info", "num_classes"], 100_000_001), "is not a positive integer up to 10,000,000"),
     (lambda m: m.pop("features"), "features: missing"),
     (lambda m: json.dumps(m)[:-1] + ', "deep": ' + "[" * 100_000 + "]" * 100_000 + "}",
      "nested too deeply"),

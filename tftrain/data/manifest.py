@@ -59,6 +59,7 @@ def read(data_dir: str) -> dict:
 
 MAX_MANIFEST_BYTES = 256 << 20
 DTYPES = ("string", "int64", "float32")
+MAX_CLASSES = 10_000_000  # a head of 10M classes over 128 features is 5 GB of float32 weights
 _PLAIN_NAME = re.compile(r"[^/\\\x00]+")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -134,7 +135,8 @@ def _strings(value) -> bool:
 # The info keys that tftrain's engine and several pipelines read (each pipeline's own keys are
 # its business): what each must be.
 _INFO_RULES = {
-    "num_classes": (lambda v: _count(v, minimum=1), "a positive integer"),
+    "num_classes": (lambda v: _count(v, minimum=1) and v <= MAX_CLASSES,
+                    f"a positive integer up to {MAX_CLASSES:,}"),
     "class_names": (_strings, "a list of strings"),
     "vocabulary": (_strings, "a list of strings"),
     "image_size": (lambda v: isinstance(v, list) and len(v) == 3
