@@ -146,14 +146,15 @@ def test_batch_fails_an_evaluation_split_smaller_than_one_batch():
 # -- input pipeline -------------------------------------------------------------------------
 
 def test_input_fails_a_python_decode_on_a_tpu_node(python_decode_dir):
-    config = _config(f"data.dir={python_decode_dir}")
+    config = _config(f"data.dir={python_decode_dir},data.pipeline=tests.check_fixtures")
     findings = input_pipeline.check(config, TPU_NODE)
     assert findings[0].status == ERROR
     assert "tf.py_function (EagerPyFunc) in Dataset.map(parse_and_decode)" in findings[0].what
     assert findings[1].status == OK  # its shapes are static
     on_a_vm = input_pipeline.check(config, TPU_VM)[0]  # the VM's own process runs the pipeline
     assert on_a_vm.status == ADVICE and "GIL" in on_a_vm.what
-    with_service = _config(f"data.dir={python_decode_dir},data.service_address=localhost:5050")
+    with_service = _config(f"data.dir={python_decode_dir},data.pipeline=tests.check_fixtures,"
+                           "data.service_address=localhost:5050")
     assert input_pipeline.check(with_service, CPU)[0].status == ERROR
 
 
@@ -280,7 +281,7 @@ def test_every_shipped_config_passes_the_targets_it_claims(name, target, own_dat
 def test_the_command_reports_every_failure_one_line_each(python_decode_dir, cli, capsys):
     code = cli("check", "--config=digits_tpu", "--tpu=grpc://10.0.0.2:8470", "--tpu_type=v3",
                "--model_dir=runs/x", f"--params_override=data.dir={python_decode_dir},"
-               f"data.batch_size=100,runtime.mixed_precision=mixed_float16,{PY_MODEL}")
+               f"data.pipeline=tests.check_fixtures,data.batch_size=100,runtime.mixed_precision=mixed_float16,{PY_MODEL}")
     lines = capsys.readouterr().out.strip().splitlines()
     assert code == 1, lines
     errors = {line.split()[1] for line in lines if line.startswith("error")}

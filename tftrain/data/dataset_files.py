@@ -6,7 +6,9 @@ claiming 2^40 bytes (with a valid checksum) makes it allocate that much and cras
 So a local dataset file must be a regular file whose real path lies inside the dataset
 directory (a link to another file inside it is fine), its size must be the manifest's, and its
 record headers are walked (`record_file.check_frames`) before TensorFlow reads it: once per
-unchanged file per process.
+unchanged file per process, when the input pipeline is built (in Python, so that the pipeline's
+graph stays free of Python calls: a TPU host or a tf.data service worker runs it without one).
+The walk reads 12 bytes per record: ~1.2 million records/s on one core.
 
 Remote files (gs://) have no links, devices or FIFOs; walking their headers would cost one
 request per record, so they are not walked (TensorFlow's reader is then trusted with them).
@@ -16,15 +18,11 @@ from __future__ import annotations
 import os
 import stat
 
-import tensorflow as tf
-
 from tftrain.data import record_file
 from tftrain.data.record_file import DamagedFile
 from tftrain.errors import DataError
 from tftrain.fileio import is_local
 
-# Where a check that failed inside a tf.data pipeline is found in TensorFlow's error message.
-CHECK_FAILED = "tftrain dataset check: "
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
           (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
 _checked: dict[tuple, int] = {}  # (real path, inode, size, mtime) -> records, walked once
@@ -57,24 +55,3 @@ def check(path: str, directory: str | None, expected_bytes: int | None = None) -
     if key not in _checked:
         _checked[key] = record_file.check_frames(path)
     return _checked[key]
-
-
-def check_in_pipeline(files: tf.data.Dataset, directory: str | None,
-                      expected_bytes: dict[str, int]) -> tf.data.Dataset:
-    """`files` (a dataset of file names) with each file checked when the pipeline reaches it,
-    right before it is opened: the walk's cost is spread over the reading, not paid up front.
-    A failed check stops the pipeline with a DataLossError whose message carries
-    CHECK_FAILED (see `tftrain.data.reader.damaged_record_message`)."""
-
-    def checked(file: bytes) -> bytes:
-        path = file.decode()
-        try:
-            check(path, directory, expected_bytes.get(path))
-        except DataError as e:
-            raise tf.errors.DataLossError(None, None, CHECK_FAILED + str(e)) from None
-        return file
-
-    def checked_file(file: tf.Tensor) -> tf.Tensor:
-        return tf.ensure_shape(tf.numpy_function(checked, [file], tf.string, stateful=False), [])
-
-    return files.map(checked_file)

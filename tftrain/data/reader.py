@@ -27,14 +27,12 @@ _WRONG_RAW_SIZE = re.compile(r"(\w+=raw \w+) " + re.escape(raw_bytes.SIZE_MISMAT
 
 
 def damaged_record_message(error: BaseException) -> str | None:
-    """One line for TensorFlow's DataLossError on a damaged TFRecord, for a dataset file that
-    failed its check (`dataset_files`), or for a raw record (`pipelines.raw_bytes`) of the
-    wrong size; None for other errors.
+    """One line for TensorFlow's DataLossError on a damaged TFRecord, for an image over the
+    pixel limit (`pipelines.images`), or for a raw record (`pipelines.raw_bytes`) of the wrong
+    size; None for other errors.
 
     A damaged checkpoint raises DataLossError too, with other words: it is not taken for data.
     """
-    if isinstance(error, tf.errors.OpError) and dataset_files.CHECK_FAILED in str(error):
-        return str(error).split(dataset_files.CHECK_FAILED, 1)[1].splitlines()[0]
     where = " or ".join(OPENED) or "the TFRecords read"
     too_large = (_TOO_MANY_PIXELS.search(str(error))
                  if isinstance(error, tf.errors.InvalidArgumentError) else None)
@@ -238,9 +236,8 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
             "worker reads all files). Convert with --num_shards >= %d to shard by file.",
             split, len(files), num_pipelines, num_pipelines)
     own_files = files[pipeline_id::num_pipelines] if by_file else files
-    if service_address:
-        for file in own_files:
-            dataset_files.check(file, directory, sizes.get(file))
+    for file in own_files:  # before any TensorFlow reader opens them (`dataset_files`)
+        dataset_files.check(file, directory, sizes.get(file))
     parse_and_decode = batch_decoder(parse_spec(manifest.get("features") or pipeline.features(info)),
                                      pipeline, info, last_stage)
 
@@ -250,8 +247,6 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
         if file_seed is not None:
             dataset = dataset.shuffle(len(own_files), seed=file_seed,
                                       reshuffle_each_iteration=reshuffle)
-        if not service_address:  # a tf.data service cannot run Python: checked above instead
-            dataset = dataset_files.check_in_pipeline(dataset, directory, sizes)
         # Each file is read RECORDS_PER_READ records at a time and unbatched: the parallel
         # interleave then hands over one element per 64 records (cheaper than one per record).
         dataset = dataset.interleave(
