@@ -15,7 +15,10 @@ tftrain never deletes or overwrites what it cannot prove it wrote. The proofs:
   `replaceable` for export/, pruned/ and quantized/.
 
 Everything else is foreign: it is kept, and a file tftrain would write under a foreign name
-stops the command with an error naming it.
+stops the command with an error naming it. A marker or manifest is a claim anyone can write, so
+a name it lists is tftrain's only when it is a regular file with the shape of tftrain's own
+names; and tftrain never creates a symbolic link, so a link is never its own. What is proven
+tftrain's is removed by `fileio.remove`, which never follows a link or leaves the directory.
 """
 from __future__ import annotations
 
