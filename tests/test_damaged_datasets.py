@@ -194,3 +194,24 @@ def test_a_num_examples_that_lies_does_not_train(digits_copy, tmp_path, cli, cap
     damaged_manifest(digits_copy, set_path(["splits", "train", "num_examples"], -5))
     assert "not a non-negative integer" in train_error_line(cli, capsys, digits_copy, tmp_path)
     assert not (tmp_path / "run" / "export").exists()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero"])
+def test_special_files_in_place_of_json_and_yaml_never_block(kind, digits_copy, tmp_path, cli,
+                                                             capsys):
+    """dataset.json, a run's marker and params.yaml from elsewhere: a FIFO would block the read
+    forever, /dev/zero would never end."""
+    def plant(path):
+        path.unlink(missing_ok=True)
+        os.mkfifo(path) if kind == "fifo" else os.symlink("/dev/zero", path)
+
+    plant(digits_copy / "dataset.json")
+    assert cli("inspect", f"--data={digits_copy}") == 1
+    assert "is not a valid manifest" in capsys.readouterr().err
+    run = tmp_path / "run"
+    run.mkdir()
+    plant(run / ".tftrain.json")
+    plant(run / "params.yaml")
+    assert cli("train", f"--model_dir={run}", f"--params_override=data.dir={digits_copy}") == 1
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and ": error: " in err

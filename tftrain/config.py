@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
+import stat
 import types
 import typing
 from typing import Any, Optional
@@ -279,6 +280,8 @@ def read_yaml(path: str) -> dict:
         with tf.io.gfile.GFile(path, "rb") as f:
             raw = f.read(MAX_YAML_BYTES + 1)
     else:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block, a device never end
+            raise ConfigError(f"{path} is not a regular file, so it is not a config file.")
         with open(path, "rb") as f:
             raw = f.read(MAX_YAML_BYTES + 1)
     if len(raw) > MAX_YAML_BYTES:

@@ -52,10 +52,22 @@ def read_bytes(path: str) -> bytes:
         return f.read()
 
 
-def read_json(path: str) -> dict:
-    """Reads a JSON file."""
-    with tf.io.gfile.GFile(path) as f:
-        return json.load(f)
+def read_json(path: str, max_bytes: int = 256 << 20) -> dict:
+    """Reads a JSON file of at most `max_bytes`; raises ValueError for one that is not a regular
+    file (a FIFO or a link to /dev/zero would block or never end), too large, not UTF-8 or not
+    JSON (nested too deeply included)."""
+    if is_local(path):
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > max_bytes:
+            raise ValueError(f"{path} is not a regular file of at most {max_bytes:,} bytes")
+    with tf.io.gfile.GFile(path, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise ValueError(f"{path} is over {max_bytes:,} bytes")
+    try:
+        return json.loads(data.decode("utf-8"))
+    except RecursionError:
+        raise ValueError(f"{path} is nested too deeply") from None
 
 
 def is_local(path: str) -> bool:

@@ -10,14 +10,13 @@ Layout:
 from __future__ import annotations
 
 import dataclasses
-import json
 import re
 
 import tensorflow as tf
 
 from tftrain.data.record_file import FRAME_BYTES
 from tftrain.errors import DataError
-from tftrain.fileio import join, write_json
+from tftrain.fileio import join, read_json, write_json
 
 MANIFEST_NAME = "dataset.json"
 BAD_ROWS_NAME = "bad_rows.jsonl"
@@ -42,15 +41,10 @@ def read(data_dir: str) -> dict:
         raise DataError(
             f"{data_dir} is not a tftrain dataset: {MANIFEST_NAME} is missing (a conversion that did "
             "not finish leaves none). Run `tftrain convert --output=" + data_dir + " ...` to create it.")
-    if tf.io.gfile.isdir(path) or tf.io.gfile.stat(path).length > MAX_MANIFEST_BYTES:
-        raise DataError(f"{path} is not a manifest: a directory, or over "
-                        f"{MAX_MANIFEST_BYTES >> 20} MiB; convert the dataset again.")
     try:
-        with tf.io.gfile.GFile(path, "rb") as f:
-            manifest = json.loads(f.read().decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        reason = "nested too deeply" if isinstance(e, RecursionError) else str(e)
-        raise DataError(f"{path} is not valid JSON ({reason}); convert the dataset again.") from None
+        manifest = read_json(path, MAX_MANIFEST_BYTES)
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError included
+        raise DataError(f"{path} is not a valid manifest ({e}); convert the dataset again.") from None
     validate(manifest, path)
     return manifest
 
