@@ -134,3 +134,14 @@ def test_ordinary_anchors_still_work(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("train: &t {epochs: 2}\nother: *t\n")
     assert config_lib.read_yaml(str(path)) == {"train": {"epochs": 2}, "other": {"epochs": 2}}
+
+
+def test_a_head_too_large_for_memory_is_refused_before_it_is_built():
+    """5 million classes over 1,024 features: 5 billion parameters, 80 GB to train."""
+    from tftrain import models
+    from tftrain.errors import DataError
+
+    with pytest.raises(DataError, match=r"5,000,000 outputs .* has 5,\d{3},\d{3},\d{3} parameters"):
+        models.build_model("mlp", {"hidden_units": [1024]}, (8, 8, 1), 5_000_000)
+    assert models.build_model("mlp", {"hidden_units": [4]}, (8, 8, 1), 200_000).count_params() \
+        == 8 * 8 * 4 + 4 + 4 * 200_000 + 200_000

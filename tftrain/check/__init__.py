@@ -25,6 +25,7 @@ from absl import logging
 from tftrain.check import batch, hardware, input_pipeline, precision, storage
 from tftrain.check.report import ADVICE, ERROR, OK, Finding, Report, Target  # noqa: F401
 from tftrain.errors import ConfigError, TftrainError
+from tftrain.host import available_memory
 
 DATA_TIMEOUT = 30  # seconds to read data.dir's manifest (an unreachable gs:// bucket)
 HOST_SHARE = 0.5  # run the step here only on a batch whose estimate fits this share of free RAM
@@ -285,18 +286,6 @@ def _host_batch(estimate) -> int:
     if budget <= 0:
         return 0
     return max(1, min(estimate.batch, int(budget // max(estimate.bytes_per_example, 1))))
-
-
-def available_memory() -> int | None:
-    """Bytes of memory available to a new process (Linux MemAvailable), or None if unknown."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def _one_batch(config, target: Target, size: int):

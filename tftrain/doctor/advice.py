@@ -78,7 +78,7 @@ def try_cache(strategy, config, manifest: dict, rates: measure.Rates, steps: int
 
     Returns the trials, advice for a cache that cannot be tried here, and why each change helps.
     """
-    from tftrain.check import available_memory
+    from tftrain.host import available_memory
     from tftrain.errors import DataError
 
     split = manifest["splits"][config.data.train_split]

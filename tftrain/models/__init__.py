@@ -18,7 +18,7 @@ import importlib
 import inspect
 from typing import Callable
 
-from tftrain.errors import ConfigError
+from tftrain.errors import ConfigError, DataError
 from tftrain.models.applications import application
 from tftrain.models.transformer import transformer, transformer_lm
 
@@ -166,6 +166,33 @@ def check_model(name: str, params: dict) -> None:
                               f"(it takes: {', '.join(allowed) or 'none'})")
 
 
+# Past this many outputs (classes), the model's size is measured before it is built: a dataset
+# that says 5 million classes would otherwise allocate a head of tens of GB before any check.
+LARGE_OUTPUT = 100_000
+TRAINING_BYTES_PER_PARAMETER = 16  # float32 weights, gradients and two optimizer slots
+
+
+def check_fits(name: str, build: Callable, outputs: int) -> None:
+    """Raises DataError when the model `build` returns needs more memory to train than this
+    machine has; the model is built in a graph first, where variables take no memory."""
+    import tensorflow as tf
+
+    from tftrain.host import available_memory
+
+    free = available_memory()
+    if free is None:
+        return
+    with tf.Graph().as_default():
+        parameters = build().count_params()
+    needed = parameters * TRAINING_BYTES_PER_PARAMETER
+    if needed > free:
+        raise DataError(
+            f"model {name!r} with {outputs:,} outputs (the dataset's number of classes) has "
+            f"{parameters:,} parameters: ~{needed / 2**30:,.0f} GiB to train (weights, gradients "
+            f"and optimizer slots), more than the {free / 2**30:,.0f} GiB this machine has free. "
+            "Check the dataset's labels (integer labels are class ids 0..K-1).")
+
+
 def build_model(name: str, params: dict, input_shape, outputs: OutputSpec | int,
                 dataset_info: dict | None = None):
     """Builds the model; call inside `strategy.scope()`.
@@ -185,6 +212,9 @@ def build_model(name: str, params: dict, input_shape, outputs: OutputSpec | int,
         found = [dataset_info[key] for key in keys if key in (dataset_info or {})]
         if argument in parameters and found:
             given[argument] = int(found[0])
+    if spec.size > LARGE_OUTPUT:
+        check_fits(name, lambda: builder(input_shape=tuple(input_shape), **given, **params),
+                   spec.size)
     model = builder(input_shape=tuple(input_shape), **given, **params)
     if not isinstance(model, keras.Model):
         raise ConfigError(
