@@ -54,7 +54,12 @@ def build_bases(work: str) -> dict:
 
 def mutate_manifest(rng: random.Random, path: str) -> str:
     text = open(path, encoding="utf-8").read()
-    how = rng.choice(["value", "value", "value", "delete", "bytes", "truncate", "nest"])
+    how = rng.choice(["value", "value", "value", "delete", "bytes", "truncate", "nest", "special"])
+    if how == "special":  # a read that would block (FIFO) or never end (/dev/zero)
+        os.remove(path)
+        fifo = rng.random() < 0.5
+        os.mkfifo(path) if fifo else os.symlink("/dev/zero", path)
+        return "manifest replaced by " + ("a FIFO" if fifo else "a link to /dev/zero")
     if how == "bytes":
         data = bytearray(text.encode())
         for _ in range(rng.randint(1, 4)):

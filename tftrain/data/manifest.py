@@ -165,7 +165,7 @@ def _matches(value, dtype) -> bool:
 
 def _mapping(parent: dict, key: str, problem, required: bool = True) -> dict:
     value = parent.get(key)
-    if value is None and not required:
+    if key not in parent and not required:
         return {}
     if not isinstance(value, dict):
         problem(key, "missing" if value is None else f"a {type(value).__name__}, not an object")
