@@ -38,8 +38,9 @@ def damaged_record_message(error: BaseException) -> str | None:
                  if isinstance(error, tf.errors.InvalidArgumentError) else None)
     if too_large:
         return (f"an image in {where} declares more than max_pixels={too_large.group(1)} pixels "
-                "in its header; it was not decoded. Remove it, or set the pipeline option "
-                "max_pixels higher when you trust the data.")
+                "in its header; it was not decoded. Remove it, or, if you trust the data, raise "
+                "the limit: --pipeline_options=max_pixels=N when converting, or "
+                "data.info={max_pixels: N} for TFRecords of other tools.")
     wrong_size = (_WRONG_RAW_SIZE.search(str(error))
                   if isinstance(error, tf.errors.InvalidArgumentError) else None)
     if wrong_size:
