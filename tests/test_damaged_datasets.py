@@ -207,7 +207,8 @@ def test_special_files_in_place_of_json_and_yaml_never_block(kind, digits_copy, 
 
     plant(digits_copy / "dataset.json")
     assert cli("inspect", f"--data={digits_copy}") == 1
-    assert "is not a valid manifest" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "is not a valid manifest" in err or "leads out of" in err
     run = tmp_path / "run"
     run.mkdir()
     plant(run / ".tftrain.json")
@@ -215,3 +216,11 @@ def test_special_files_in_place_of_json_and_yaml_never_block(kind, digits_copy, 
     assert cli("train", f"--model_dir={run}", f"--params_override=data.dir={digits_copy}") == 1
     err = capsys.readouterr().err
     assert "Traceback" not in err and ": error: " in err
+
+
+def test_a_manifest_that_links_out_of_the_dataset_is_refused(digits_copy, tmp_path, cli, capsys):
+    outside = tmp_path / "elsewhere.json"
+    (digits_copy / "dataset.json").rename(outside)
+    os.symlink(outside, digits_copy / "dataset.json")
+    assert cli("inspect", f"--data={digits_copy}") == 1
+    assert "leads out of" in capsys.readouterr().err

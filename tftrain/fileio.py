@@ -91,15 +91,21 @@ def is_regular_file(path: str) -> bool:
         return False
 
 
+def resolves_inside(path: str, directory: str) -> bool:
+    """True when the local `path`, every link followed, lies inside `directory` (also resolved)."""
+    root = os.path.realpath(directory).rstrip(os.sep)
+    return os.path.realpath(path).startswith(root + os.sep)
+
+
 def check_inside(path: str, directory: str) -> None:
     """Raises TftrainError unless `path` names an entry strictly inside `directory` that is
     reached without leaving it: no `..`, no absolute escape, no symlinked parent that points
     elsewhere. The entry itself may be a symlink (it is then the link that is meant)."""
     inside = posixpath.normpath(path).startswith(posixpath.normpath(directory).rstrip("/") + "/")
     if inside and is_local(path):
-        parent = os.path.realpath(os.path.dirname(os.path.normpath(path)))
-        root = os.path.realpath(directory)
-        inside = parent == root or parent.startswith(root.rstrip("/") + "/")
+        parent = os.path.dirname(os.path.normpath(path))
+        inside = (os.path.realpath(parent) == os.path.realpath(directory)
+                  or resolves_inside(parent, directory))
     if not inside:
         raise TftrainError(f"{path} is not inside {directory}: tftrain reads and removes only "
                            "entries inside the directory it was given.")

@@ -21,7 +21,7 @@ import stat
 from tftrain.data import record_file
 from tftrain.data.record_file import DamagedFile
 from tftrain.errors import DataError
-from tftrain.fileio import is_local
+from tftrain.fileio import is_local, resolves_inside
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),
           (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
@@ -37,8 +37,7 @@ def check(path: str, directory: str | None, expected_bytes: int | None = None) -
         return None
     real = os.path.realpath(path)
     if directory is not None:
-        root = os.path.realpath(directory)
-        if not real.startswith(root.rstrip(os.sep) + os.sep):
+        if not resolves_inside(path, directory):
             raise DamagedFile(path, f"leads out of the dataset directory {directory} (to {real}): "
                                     "tftrain reads only files inside it")
     try:

@@ -10,13 +10,14 @@ Layout:
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 
 import tensorflow as tf
 
 from tftrain.data.record_file import FRAME_BYTES
 from tftrain.errors import DataError
-from tftrain.fileio import join, read_json, write_json
+from tftrain.fileio import is_local, join, read_json, resolves_inside, write_json
 
 MANIFEST_NAME = "dataset.json"
 BAD_ROWS_NAME = "bad_rows.jsonl"
@@ -41,6 +42,9 @@ def read(data_dir: str) -> dict:
         raise DataError(
             f"{data_dir} is not a tftrain dataset: {MANIFEST_NAME} is missing (a conversion that did "
             "not finish leaves none). Run `tftrain convert --output=" + data_dir + " ...` to create it.")
+    if is_local(path) and not resolves_inside(path, data_dir):
+        raise DataError(f"{path} leads out of {data_dir} (to {os.path.realpath(path)}): tftrain "
+                        "reads a dataset's manifest only from inside it; convert the dataset again.")
     try:
         manifest = read_json(path, MAX_MANIFEST_BYTES)
     except ValueError as e:  # JSONDecodeError and UnicodeDecodeError included
