@@ -173,15 +173,14 @@ class Pipeline(BasePipeline):
         the rest of the file as one field."""
         delimiter = self.delimiter or ("\t" if path.lower().endswith(".tsv") else ",")
         reader = csv.reader(text_lines(path), delimiter=delimiter, strict=True)
-        header = self._next_row(reader, path)
+        _, header = self._next_row(reader, path)
         if not header or isinstance(header, BadLine):
             raise ConfigError(f"CSV file {path} has no readable header row"
                               + (f" ({header.reason})." if header else "."))
         header[0] = header[0].lstrip("\ufeff")
         yield 1, header, None
         while True:
-            start = reader.line_num + 1
-            fields = self._next_row(reader, path)
+            start, fields = self._next_row(reader, path)
             if fields is None:
                 return
             if fields:
@@ -189,12 +188,13 @@ class Pipeline(BasePipeline):
 
     @staticmethod
     def _next_row(reader, path: str):
-        """The next row of `reader`: its fields, a BadLine, or None at the end."""
+        """The line where the next row of `reader` starts, and the row: its fields, a BadLine,
+        or None at the end."""
         start = reader.line_num + 1
         try:
             fields = next(reader)
         except StopIteration:
-            return None
+            return start, None
         except csv.Error as e:
             if "unexpected end of data" in str(e):
                 raise DataError(
@@ -202,10 +202,10 @@ class Pipeline(BasePipeline):
                     f"closes, so the rest of the file (lines {start}-{reader.line_num}) would be "
                     "one field; fix the quoting (a quote inside a field is written twice: \"\")."
                 ) from None
-            return BadLine(f"line {start}: {e}")
+            return start, BadLine(f"line {start}: {e}")
         if any(undecodable(field) for field in fields):
-            return BadLine(f"line {start}: bytes that are not UTF-8")
-        return fields
+            return start, BadLine(f"line {start}: bytes that are not UTF-8")
+        return start, fields
 
     def prepare(self, source):
         paths = list_files(source, EXTENSIONS, "CSV")

@@ -276,58 +276,67 @@ def cli(*args: str) -> int:
     return 0
 
 
+def dataset_case(rng, index, kind, bases, case_dir, sentinel):
+    """A damaged copy of the digits dataset: inspect --verify it, and train on it now and then."""
+    dataset = os.path.join(case_dir, "digits")
+    shutil.copytree(bases["dataset"], dataset)
+    what = (mutate_manifest(rng, os.path.join(dataset, "dataset.json")) if kind == "manifest"
+            else mutate_shard(rng, dataset, sentinel))
+    commands = [(("inspect", f"--data={dataset}", "--verify"), lambda: dataset_problem(dataset))]
+    if index % TRAIN_EVERY == 0:
+        run = os.path.join(case_dir, "run")
+        what += "; " + plant_links(rng, run, sentinel)
+        commands.append((("train", f"--config={bases['tiny.yaml']}", f"--model_dir={run}",
+                          f"--params_override=data.dir={dataset}"), None))
+    return what, commands
+
+
+def config_case(rng, index, kind, bases, case_dir, sentinel):
+    """A damaged copy of a small config: `tftrain check` it."""
+    config = os.path.join(case_dir, "c.yaml")
+    with open(bases["tiny.yaml"]) as f:
+        open(config, "w").write(f.read().replace("DATA", bases["dataset"]))
+    return mutate_text(rng, config, kind), [(("check", f"--config={config}", "--target=cpu"), None)]
+
+
+def rows_case(rng, index, kind, bases, case_dir, sentinel):
+    """A damaged copy of a CSV or JSONL file: convert it, sometimes into a trapped directory."""
+    source = os.path.join(case_dir, "table.csv" if kind == "csv" else "rows.jsonl")
+    shutil.copy(bases[os.path.basename(source)], source)
+    what = mutate_text(rng, source, kind)
+    out = os.path.join(case_dir, "out")
+    if rng.random() < 0.3:
+        what += "; " + plant_links(rng, out, sentinel)
+    command = ("convert", f"--pipeline={kind}", f"--input={source}", f"--output={out}",
+               "--workers=1", "--max_bad_fraction=0.5")
+    return what, [(command, lambda: rows_problem(source, out, kind))]
+
+
+CASES = {"manifest": dataset_case, "shard": dataset_case, "yaml": config_case,
+         "csv": rows_case, "jsonl": rows_case}
+
+
 def run_case(index: int, seed: int, bases: dict, work: str, sentinel: str) -> None:
+    """Builds case `index` from (seed, index), runs its commands, says what happened. A command
+    that exits 0 has its result checked by the case's own check (None: nothing to check)."""
     rng = random.Random(f"{seed}:{index}")
     kind = KINDS[rng.randrange(len(KINDS))]
     case_dir = tempfile.mkdtemp(prefix=f"case{index}-", dir=work)
-    start = {"case": index, "event": "start", "kind": kind}
-    commands, check = [], None
-    if kind in ("manifest", "shard"):
-        dataset = os.path.join(case_dir, "digits")
-        shutil.copytree(bases["dataset"], dataset)
-        what = (mutate_manifest(rng, os.path.join(dataset, "dataset.json")) if kind == "manifest"
-                else mutate_shard(rng, dataset, sentinel))
-        commands.append(("inspect", f"--data={dataset}", "--verify"))
-        if index % TRAIN_EVERY == 0:
-            run = os.path.join(case_dir, "run")
-            what += "; " + plant_links(rng, run, sentinel)
-            commands.append(("train", f"--config={bases['tiny.yaml']}", f"--model_dir={run}",
-                             f"--params_override=data.dir={dataset}"))
-
-        def check(code, command):
-            return dataset_problem(dataset) if command[0] == "inspect" else None
-    elif kind == "yaml":
-        config = os.path.join(case_dir, "c.yaml")
-        with open(bases["tiny.yaml"]) as f:
-            open(config, "w").write(f.read().replace("DATA", bases["dataset"]))
-        what = mutate_text(rng, config, kind)
-        commands.append(("check", f"--config={config}", "--target=cpu"))
-    else:
-        source = os.path.join(case_dir, "table.csv" if kind == "csv" else "rows.jsonl")
-        shutil.copy(bases[os.path.basename(source)], source)
-        what = mutate_text(rng, source, kind)
-        out = os.path.join(case_dir, "out")
-        if rng.random() < 0.3:
-            what += "; " + plant_links(rng, out, sentinel)
-        commands.append(("convert", f"--pipeline={kind}", f"--input={source}", f"--output={out}",
-                         "--workers=1", "--max_bad_fraction=0.5"))
-
-        def check(code, command):
-            return rows_problem(source, out, kind)
-    say({**start, "what": what})
+    what, commands = CASES[kind](rng, index, kind, bases, case_dir, sentinel)
+    say({"case": index, "event": "start", "kind": kind, "what": what})
     results = []
-    for command in commands:
+    for command, check in commands:
         err_path = os.path.join(case_dir, "stderr.txt")
         out_path = os.path.join(case_dir, "stdout.txt")
         with captured_output(out_path, err_path):
             code = cli(*command)
         stderr = open(err_path, errors="replace").read()
         stdout = open(out_path, errors="replace").read()
-        problem = check(code, command) if code == 0 and check else None
+        problem = check() if code == 0 and check else None
         results.append({"command": command[0], "code": code, "stderr": stderr[-20000:],
                         "stdout": stdout[-2000:], "problem": problem})
     say({"case": index, "event": "end", "results": results})
-    shutil.rmtree(case_dir, ignore_errors=True)
+    shutil.rmtree(case_dir, ignore_errors=True)  # its links are unlinked, never followed
 
 
 def main(argv: list[str]) -> None:

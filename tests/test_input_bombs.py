@@ -55,7 +55,10 @@ def test_a_png_bomb_is_a_bad_row_at_conversion(bomb, tmp_path, cli, capsys):
 def test_header_pixels_reads_the_size_without_decoding(fmt, size):
     buffer = io.BytesIO()
     Image.new("RGB", size).save(buffer, format=fmt)
-    assert int(images.header_pixels(tf.constant(buffer.getvalue()))) == size[0] * size[1]
+    other = io.BytesIO()
+    Image.new("RGB", (3, 2)).save(other, format="PNG")
+    pixels = images.header_pixels(tf.constant([buffer.getvalue(), other.getvalue(), b"text"]))
+    assert pixels.numpy().tolist() == [size[0] * size[1], 6, 0]
 
 
 def test_the_decode_graph_refuses_a_bomb_before_decoding_it(bomb):

@@ -8,7 +8,7 @@ directory (a link to another file inside it is fine), its size must be the manif
 record headers are walked (`record_file.check_frames`) before TensorFlow reads it: once per
 unchanged file per process, when the input pipeline is built (in Python, so that the pipeline's
 graph stays free of Python calls: a TPU host or a tf.data service worker runs it without one).
-The walk reads 12 bytes per record: ~1.2 million records/s on one core.
+The walk reads 12 bytes per record: ~1.5 million records/s on one core (bench/frame_check.py).
 
 Remote files (gs://) have no links, devices or FIFOs; walking their headers would cost one
 request per record, so they are not walked (TensorFlow's reader is then trusted with them).
@@ -20,7 +20,6 @@ import stat
 
 from tftrain.data import record_file
 from tftrain.data.record_file import DamagedFile
-from tftrain.errors import DataError
 from tftrain.fileio import is_local, resolves_inside
 
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a device"),

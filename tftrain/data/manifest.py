@@ -250,4 +250,4 @@ def shard_files(data_dir: str, manifest: dict, split: str) -> list[str]:
 def shard_sizes(data_dir: str, manifest: dict, split: str) -> dict[str, int]:
     """The full path -> size in bytes of a split's shards, as the manifest records them."""
     shards = manifest["splits"][split]["shards"]
-    return {join(data_dir, shard["file"]): shard["bytes"] for shard in shards if "bytes" in shard}
+    return {join(data_dir, shard["file"]): shard["bytes"] for shard in shards}

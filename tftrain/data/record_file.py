@@ -99,7 +99,7 @@ def check_frames(path: str) -> int:
     TensorFlow's reader trusts a record's length header: a header claiming 2^40 bytes (with a
     valid CRC) makes it allocate that much and crash the process. Here every length is checked
     against the bytes left in the file (and its CRC against the length) before anything reads
-    the record. Raises DataError naming the file, the record and its byte offset.
+    the record. Raises DamagedFile (a DataError) naming the file, the record and its offset.
     """
     with open(path, "rb", buffering=0) as f:
         fd = f.fileno()
