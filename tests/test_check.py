@@ -16,8 +16,9 @@ from tests.conftest import REPO
 from tests.launch_testutil import Running
 from tftrain import check, models
 from tftrain import config as config_lib
-from tftrain.check import batch, hardware, input_pipeline, memory, precision, storage
-from tftrain.check.report import ADVICE, ERROR, OK, Target
+from tftrain.check import memory
+from tftrain.rules import batch, hardware, input_pipeline, precision, storage
+from tftrain.rules.report import ADVICE, ERROR, OK, Target
 from tftrain.data import reader
 from tftrain.data.writer import write_dataset
 from tftrain.errors import ConfigError
@@ -39,9 +40,9 @@ def _statuses(findings):
 @pytest.fixture(scope="module")
 def own_data(tmp_path_factory):
     """`own_data(name)`: the dataset of shipped config `name`, converted by its own default path
-    (`train.ensure_dataset` on its data section, into a temporary data.dir), once per module for
+    (`prepare.ensure_dataset` on its data section, into a temporary data.dir), once per module for
     each distinct conversion (pipeline, source, options): the digits configs share one."""
-    from tftrain.engine import train
+    from tftrain.engine import prepare
 
     root, converted = tmp_path_factory.mktemp("own_data"), {}
 
@@ -50,7 +51,7 @@ def own_data(tmp_path_factory):
         key = (data.format, data.pipeline, data.source, repr(data.pipeline_options))
         if key not in converted:
             path = str(root / f"{len(converted)}-{data.pipeline}")
-            train.ensure_dataset(dataclasses.replace(data, dir=path))
+            prepare.ensure_dataset(dataclasses.replace(data, dir=path))
             converted[key] = path
         return converted[key]
 
@@ -400,9 +401,9 @@ def test_the_check_before_connecting_runs_no_tensorflow_op():
     script = (
         "import tftrain; from tftrain import quiet_start; quiet_start.import_tensorflow()\n"
         "from tensorflow.python.eager import context\n"
-        "from tftrain import check, config\n"
+        "from tftrain import config, rules\n"
         "c = config.build_config('digits_tpu', {}, 'data.pipeline=tests.check_fixtures')\n"
-        "report = check.before_connecting(c, 'gs://b/run')\n"
+        "report = rules.before_connecting(c, 'gs://b/run')\n"
         "assert report.target.replicas == 4, report.target  # from TPU_ACCELERATOR_TYPE\n"
         "assert any('py_function' in f.what for f in report.findings), report.findings\n"
         "assert context.context()._context_handle is None, 'the runtime started'\n")

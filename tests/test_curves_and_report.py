@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import PYTHON, REPO, run_cli
-from tftrain import report
+from tftrain import report, run_dir
 from tftrain.callbacks import curves
 
 pytestmark = pytest.mark.slow
@@ -76,7 +76,7 @@ def test_every_run_writes_curves_png_of_each_epoch(runs):
     plots = curves.panels(history)
     assert [p.title for p in plots] == ["loss", "accuracy", "learning rate"]
     assert [line.label for line in plots[0].lines] == ["train", "validation"]
-    check_png(_read_png(os.path.join(run, curves.CURVES_PNG)), plots, "cnn3")
+    check_png(_read_png(os.path.join(run, run_dir.CURVES_PNG)), plots, "cnn3")
     # the last epoch's validation metrics are the summary's
     with open(os.path.join(run, "summary.json")) as f:
         assert json.load(f)["validation"]["accuracy"] == pytest.approx(history[-1]["val_accuracy"])
@@ -85,7 +85,7 @@ def test_every_run_writes_curves_png_of_each_epoch(runs):
 def test_a_resumed_run_reads_its_earlier_epochs_back(runs, tmp_path, monkeypatch):
     resumed = tmp_path / "resumed"
     resumed.mkdir()
-    shutil.copy(os.path.join(runs[0], curves.CURVES_JSON), resumed)
+    shutil.copy(os.path.join(runs[0], run_dir.CURVES_JSON), resumed)
     before = curves.read_history(str(resumed))
     # Resumed at the third epoch (index 2): epochs 1-2 come from disk, epoch 3 is run again.
     callback = curves.Curves(str(resumed))
@@ -97,16 +97,16 @@ def test_a_resumed_run_reads_its_earlier_epochs_back(runs, tmp_path, monkeypatch
     after = curves.read_history(str(resumed))
     assert [e["epoch"] for e in after] == [1, 2, 3] and after[:2] == before[:2]
     assert after[2]["val_accuracy"] == 0.8
-    assert not (resumed / curves.CURVES_PNG).exists()  # drawn when training ends (or 30 s later)
+    assert not (resumed / run_dir.CURVES_PNG).exists()  # drawn when training ends (or 30 s later)
     callback.on_train_end()
-    check_png(_read_png(resumed / curves.CURVES_PNG), curves.panels(after), "resumed")
+    check_png(_read_png(resumed / run_dir.CURVES_PNG), curves.panels(after), "resumed")
     # After REDRAW_SECONDS, an epoch end draws too.
-    drawn = (resumed / curves.CURVES_PNG).stat().st_mtime_ns
+    drawn = (resumed / run_dir.CURVES_PNG).stat().st_mtime_ns
     monkeypatch.setattr(curves, "REDRAW_SECONDS", 0.0)
     callback.on_epoch_end(3, {"loss": 0.4, "accuracy": 0.9, "val_loss": 0.5,
                               "val_accuracy": 0.85, "learning_rate": 1e-3})
-    assert (resumed / curves.CURVES_PNG).stat().st_mtime_ns != drawn
-    check_png(_read_png(resumed / curves.CURVES_PNG),
+    assert (resumed / run_dir.CURVES_PNG).stat().st_mtime_ns != drawn
+    check_png(_read_png(resumed / run_dir.CURVES_PNG),
               curves.panels(curves.read_history(str(resumed))), "resumed")
     # A fresh start (epoch 0) ignores what an earlier run left; a non-chief worker writes nothing.
     fresh = curves.Curves(str(resumed))
@@ -143,12 +143,12 @@ def test_sigkill_then_resume_keeps_every_epoch_in_the_picture(tmp_path, digits_d
     assert "resumed from epoch" in rerun.stdout + rerun.stderr
     history = curves.read_history(str(model_dir))
     assert [e["epoch"] for e in history] == [1, 2, 3, 4]
-    check_png(_read_png(model_dir / curves.CURVES_PNG), curves.panels(history), "killed")
+    check_png(_read_png(model_dir / run_dir.CURVES_PNG), curves.panels(history), "killed")
 
 
 def _epochs(model_dir):
     try:
-        with open(model_dir / curves.CURVES_JSON) as f:
+        with open(model_dir / run_dir.CURVES_JSON) as f:
             return json.load(f)["epochs"]
     except (OSError, ValueError):
         return []
@@ -163,7 +163,7 @@ def test_report_compares_runs_in_a_table_and_a_png(runs, tmp_path, capsys):
         "float_tflite_bytes": 8192, "float_gzip_bytes": 7168, "float_latency_ms": 0.02})
     unfinished = tmp_path / "unfinished"  # params and curves only: killed during its 3rd epoch
     unfinished.mkdir()
-    for name in ("params.yaml", curves.CURVES_JSON):
+    for name in ("params.yaml", run_dir.CURVES_JSON):
         shutil.copy(os.path.join(cnn, name), unfinished)
     output = tmp_path / "out" / "report.png"
     assert run_cli("report", cnn, mlp, str(unfinished), f"--output={output}") == 0

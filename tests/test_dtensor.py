@@ -121,6 +121,7 @@ import json, sys
 import tftrain  # noqa: F401
 from tftrain import config as config_lib, models
 from tftrain.engine import train
+from tftrain.training import steps
 from tftrain.runtime import dtensor as dtensor_runtime
 from tftrain.data import reader
 
@@ -148,7 +149,7 @@ dataset = dtensor.DTensorDataset(
     tf.data.Dataset.from_tensor_slices((x, y)).repeat(), mesh=mesh, global_batch_size=32,
     batch_dim="batch", layouts=(dtensor.Layout.batch_sharded(mesh, "batch", 4),
                                 dtensor.Layout.batch_sharded(mesh, "batch", 1)))
-sharded.compile(optimizer=dtensor_runtime.make_optimizer(config.train, train.StepPlan(2, 1, 2), mesh),
+sharded.compile(optimizer=dtensor_runtime.make_optimizer(config.train, steps.StepPlan(2, 1, 2), mesh),
                 loss=loss)
 model.compile(optimizer=keras.optimizers.SGD(0.5), loss=loss)
 
@@ -268,3 +269,18 @@ def test_cli_mesh_flag_errors_before_tensorflow(tmp_path):
                          env=_env(), cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
     assert out.returncode != 0
     assert "needs 6 devices but runtime.cpu_devices=4" in out.stderr
+
+
+def test_doctor_measures_a_dtensor_run(tmp_path, digits_dir):
+    """`tftrain doctor --config=digits_dtensor`: the run `train` would start on the 2x2 mesh
+    (the same `engine.prepare`), timed three ways; the mesh's replicas are what it reports."""
+    out = tmp_path / "doctor.json"
+    done = subprocess.run([*TFTRAIN, "doctor", "--config=digits_dtensor", "--steps=12",
+                           f"--json={out}", f"--params_override=data.dir={digits_dir}"],
+                          env=_env(), cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["strategy"] == "dtensor" and result["num_replicas"] == 2, result
+    assert all(rate > 0 for rate in result["examples_per_second"].values()), result
+    assert result["verdict"] in ("input-bound", "compute-bound"), result["verdict"]
+    assert "verdict:" in done.stdout and "Traceback" not in done.stderr

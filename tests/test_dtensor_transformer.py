@@ -100,7 +100,8 @@ ONE_STEP = r'''
 import json, sys
 import tftrain  # noqa: F401
 from tftrain import config as config_lib, models, tasks
-from tftrain.engine import optimizers, train
+from tftrain.engine import train
+from tftrain.training import optimizers, steps
 from tftrain.runtime import dtensor as dtensor_runtime
 from tftrain.data import reader
 
@@ -124,7 +125,7 @@ STEPS = 5
 fit_config = config_lib.build_config("text_lm", {}, "train.optimizer=sgd,train.momentum=0.9,"
                                      "train.learning_rate=0.2,train.lr_schedule=constant,"
                                      "train.warmup_steps=2")
-fit_plan = train.StepPlan(STEPS, 1, STEPS)
+fit_plan = steps.StepPlan(STEPS, 1, STEPS)
 task = tasks.from_config(fit_config, json.load(open(f"{data_dir}/dataset.json")))
 results = {}
 for name, (mesh, dims) in meshes.items():

@@ -145,10 +145,18 @@ def test_import_under_a_keras_3_environment_forces_tf_keras_and_says_so_once(tmp
     assert json.loads(result.stdout) == ["1", None, False], result  # unset: tftrain sets it
     assert result.stderr == "", result.stderr
 
-    late = "import tensorflow\nimport tftrain"
-    result = subprocess.run([PYTHON, "-c", late], capture_output=True, text=True, timeout=120,
+    # TensorFlow imported first (Keras 3 as tf.keras): the data API works as usual; building
+    # a model says why it cannot, in one ImportError.
+    late = ("import tensorflow\nimport tftrain.data\nfrom pipelines import load_pipeline\n"
+            "from tftrain.data.writer import write_dataset\nfrom tftrain import models\n"
+            "write_dataset(load_pipeline('digits'), '', 'digits')\n"
+            "inputs, labels = next(iter(tftrain.data.load('digits', 'train', 8, training=True)))\n"
+            "print(tuple(inputs.shape), tuple(labels.shape))\n"
+            "models.build_model('mlp', {}, (4,), 2)")
+    result = subprocess.run([PYTHON, "-c", late], capture_output=True, text=True, timeout=300,
                             cwd=tmp_path, env=_env(), check=False)
     assert result.returncode == 1, result
+    assert result.stdout.strip().splitlines()[-1] == "(8, 8, 8, 1) (8,)", result
     error = result.stderr.strip().splitlines()[-1]
     assert error.startswith("ImportError: TensorFlow was imported before tftrain without "
                             "TF_USE_LEGACY_KERAS=1, so its tf.keras is Keras 3"), result.stderr

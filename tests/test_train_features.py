@@ -9,7 +9,8 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tftrain import config as config_lib
-from tftrain.engine import backends, optimizers, precision, train
+from tftrain.engine import backends, precision, train
+from tftrain.training import optimizers, steps
 from tftrain.errors import ConfigError
 from tftrain.engine.export import saved_model_dir
 
@@ -125,10 +126,10 @@ def test_schedules():
 
 def test_plan_steps():
     cfg = config_lib.TrainConfig(epochs=3)
-    assert train.plan_steps(cfg, 100, 32) == train.StepPlan(3, 3, 9)
+    assert steps.plan_steps(cfg, 100, 32) == steps.StepPlan(3, 3, 9)
     cfg = config_lib.TrainConfig(steps=10, steps_per_epoch=4)
-    assert train.plan_steps(cfg, 100, 32) == train.StepPlan(4, 3, 10)
-    assert train.plan_steps(config_lib.TrainConfig(steps=2), 100, 32) == train.StepPlan(2, 1, 2)
+    assert steps.plan_steps(cfg, 100, 32) == steps.StepPlan(4, 3, 10)
+    assert steps.plan_steps(config_lib.TrainConfig(steps=2), 100, 32) == steps.StepPlan(2, 1, 2)
 
 
 @pytest.mark.parametrize("override, message", [

@@ -9,8 +9,9 @@ when it is imported, so it is set here, at the top of the package, and nowhere e
   warning (`LegacyKerasWarning`) says so once, when TensorFlow is imported; the `tftrain`
   command refuses to run instead, in one line (tftrain/cli/__init__.py), from the value the
   environment gave (`legacy_keras_problem()`);
-- TensorFlow already imported with Keras 3 as `tf.keras`: `import tftrain` raises ImportError
-  (too late to switch; import tftrain first, or set the variable before TensorFlow).
+- TensorFlow already imported with Keras 3 as `tf.keras` (too late to switch): the data API
+  (`tftrain.data`, `pipelines`) works, as it needs no Keras; building or loading a model raises
+  ImportError (`require_tf_keras`: import tftrain first, or set the variable before TensorFlow).
 """
 from __future__ import annotations
 
@@ -60,16 +61,22 @@ class _WarnWhenTensorFlowLoads:
         return None
 
 
-def _select_tf_keras() -> None:
-    """Sets TF_USE_LEGACY_KERAS=1 before TensorFlow starts; raises ImportError when too late."""
+def require_tf_keras() -> None:
+    """Raises ImportError when TensorFlow was imported before tftrain with Keras 3 as its
+    `tf.keras`; called where a model is built or loaded (the data API needs no Keras)."""
     tensorflow = sys.modules.get("tensorflow")
-    if tensorflow is not None:
-        if getattr(tensorflow, "_tf_uses_legacy_keras", True) is False:
-            raise ImportError(
-                f"TensorFlow was imported before tftrain without {VARIABLE}=1, so its tf.keras "
-                "is Keras 3, and it cannot switch afterwards; tftrain needs tf-keras (Keras 2, "
-                "for tensorflow-model-optimization): import tftrain before tensorflow, or set "
-                f"{VARIABLE}=1 in the environment")
+    if tensorflow is not None and getattr(tensorflow, "_tf_uses_legacy_keras", True) is False:
+        raise ImportError(
+            f"TensorFlow was imported before tftrain without {VARIABLE}=1, so its tf.keras "
+            "is Keras 3, and it cannot switch afterwards; tftrain's models need tf-keras (Keras "
+            "2, for tensorflow-model-optimization): import tftrain before tensorflow, or set "
+            f"{VARIABLE}=1 in the environment")
+
+
+def _select_tf_keras() -> None:
+    """Sets TF_USE_LEGACY_KERAS=1 before TensorFlow starts (nothing when it already started:
+    see `require_tf_keras`)."""
+    if "tensorflow" in sys.modules:
         return
     if ENVIRONMENT_VALUE not in LEGACY_KERAS_VALUES:
         os.environ[VARIABLE] = "1"

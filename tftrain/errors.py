@@ -23,3 +23,8 @@ class DataError(TftrainError):
 
 class BadRow(Exception):
     """One raw row cannot be read, decoded or validated; the converter skips and records it."""
+
+
+def first_line(error: BaseException, limit: int = 300) -> str:
+    """The first line of `error`'s message (at most `limit` characters), or its type's name."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:limit]

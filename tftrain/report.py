@@ -130,7 +130,7 @@ def report(paths: list[str], output: str = DEFAULT_OUTPUT) -> str:
     text = [table(runs), ""]
     without = [label for label, run in zip(labels(runs), runs) if not run.history]
     if without:
-        text.append(f"no {curves.CURVES_JSON} (no epoch recorded yet, or trained by a tftrain "
+        text.append(f"no {run_dir_lib.CURVES_JSON} (no epoch recorded yet, or trained by a tftrain "
                     f"that did not write one): {', '.join(without)}")
     plots = validation_panels(runs)
     if not plots:

@@ -29,14 +29,16 @@ import posixpath
 import tensorflow as tf
 from absl import logging
 
-from tftrain import config as config_lib
+from tftrain import config_schema as config_lib
+from tftrain.yaml_file import read_yaml
 from tftrain import dir_lock, ownership
-from tftrain.callbacks import curves
 from tftrain.errors import ConfigError, TftrainError
 from tftrain.fileio import join, remove, write_json
 
 PARAMS = "params.yaml"
 SUMMARY = "summary.json"
+CURVES_PNG = "curves.png"  # drawn by tftrain.callbacks.curves
+CURVES_JSON = "curves.json"
 CHECKPOINTS = "checkpoints"
 BACKUP = "backup"
 LOGS = "logs"
@@ -50,8 +52,8 @@ LOCK = dir_lock.RUN_LOCK
 # What `tftrain train` writes, by name, for the error that names a foreign one.
 WRITES = {PARAMS: "resolved config", SUMMARY: "summary", CHECKPOINTS: "best checkpoints",
           BACKUP: "backups for resuming", LOGS: "TensorBoard logs", EXPORT: "SavedModel",
-          EXPORT + ".tmp": "SavedModel (while saving)", curves.CURVES_PNG: "curves",
-          curves.CURVES_JSON: "curves' history"}
+          EXPORT + ".tmp": "SavedModel (while saving)", CURVES_PNG: "curves",
+          CURVES_JSON: "curves' history"}
 # What an earlier tftrain (no markers) wrote into the directories that must prove they are its own.
 _LEGACY_PROOF = {EXPORT: ("saved_model.pb",), PRUNED: (REPORT, "saved_model.pb"),
                  QUANTIZED: (REPORT,)}
@@ -87,8 +89,8 @@ def contents(model_dir: str) -> Contents:
     is_run = marked or (PARAMS in names and _tftrain_params(join(model_dir, PARAMS)))
     mine = {LOCK} | {n for n in names if ownership.own_marker_temp(n)}
     if is_run:
-        plain = {PARAMS, SUMMARY, CHECKPOINTS, BACKUP, LOGS, ownership.MARKER, curves.CURVES_PNG,
-                 curves.CURVES_JSON}
+        plain = {PARAMS, SUMMARY, CHECKPOINTS, BACKUP, LOGS, ownership.MARKER, CURVES_PNG,
+                 CURVES_JSON}
         mine |= plain | {n for n in names if any(n.startswith(f"{p}.tmp-") for p in plain)}
         mine |= {n for n in _PROVEN if n in names and replaceable(join(model_dir, n), not marked)}
     mine = ownership.without_links(model_dir, mine & names)
@@ -99,7 +101,7 @@ def contents(model_dir: str) -> Contents:
 def _tftrain_params(path: str) -> bool:
     """True for a params.yaml written by tftrain: a mapping of tftrain's config sections."""
     try:
-        sections = config_lib.read_yaml(path)
+        sections = read_yaml(path)
     except (ConfigError, OSError, tf.errors.OpError):
         return False
     known = {field.name for field in dataclasses.fields(config_lib.Config)}

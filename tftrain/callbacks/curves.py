@@ -27,9 +27,8 @@ import tf_keras as keras
 
 from tftrain.errors import DataError
 from tftrain.fileio import join, read_json, write_atomic, write_json
+from tftrain.run_dir import CURVES_JSON, CURVES_PNG  # noqa: F401  (the run dir's names)
 
-CURVES_PNG = "curves.png"
-CURVES_JSON = "curves.json"
 LEARNING_RATE_KEYS = ("learning_rate", "lr")  # LearningRateLogger's; ReduceLROnPlateau's
 TRAIN_COLOR, VALIDATION_COLOR = "#1f77b4", "#ff7f0e"
 PANEL_INCHES = (4.8, 3.4)

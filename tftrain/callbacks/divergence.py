@@ -28,7 +28,7 @@ import tensorflow as tf
 import tf_keras as keras
 from absl import logging
 
-from tftrain.engine import optimizers
+from tftrain.training import optimizers
 from tftrain.errors import ConfigError, TftrainError
 from tftrain.fileio import join
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tf_keras as keras
 
-from tftrain.engine.optimizers import current_learning_rate
+from tftrain.training.optimizers import current_learning_rate
 
 
 class LearningRateLogger(keras.callbacks.Callback):

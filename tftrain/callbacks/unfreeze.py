@@ -1,7 +1,8 @@
 """Freeze-then-unfreeze fine-tuning: at one epoch, frozen layers start training at a lower rate.
 
-A builder that wants it (`application` with `unfreeze_at_epoch`) calls `request(model,
-Unfreeze(...))`; the engine adds `requested_by(model)` to the callbacks of `fit`.
+A builder that wants it (`application` with `unfreeze_at_epoch`) records an
+`UnfreezeSchedule` (`tftrain.models.fine_tuning`); the engine adds `requested_by(model)` to the
+callbacks of `fit`.
 
 What it takes to change what trains in the middle of `fit` (tf-keras 2.21):
 - the optimizer builds its slots once, on the variables of its first step: it must know the
@@ -18,24 +19,20 @@ What it takes to change what trains in the middle of `fit` (tf-keras 2.21):
 """
 from __future__ import annotations
 
-import weakref
-
 import tf_keras as keras
 from absl import logging
 
-from tftrain.engine import optimizers
-
-_REQUESTS = weakref.WeakKeyDictionary()  # model -> the callbacks its builder asked for
-
-
-def request(model: keras.Model, *callbacks: keras.callbacks.Callback) -> None:
-    """Records that training `model` needs `callbacks` (kept outside the model: not saved)."""
-    _REQUESTS.setdefault(model, []).extend(callbacks)
+from tftrain.models import fine_tuning
+from tftrain.training import optimizers
 
 
 def requested_by(model: keras.Model) -> list:
-    """The callbacks `model`'s builder asked for (see `request`); [] for most models."""
-    return list(_REQUESTS.get(model, ()))
+    """The callbacks training `model` needs: an `Unfreeze` when its builder recorded a schedule
+    (`tftrain.models.fine_tuning`); [] for most models."""
+    unfreeze = fine_tuning.schedule_of(model)
+    if unfreeze is None:
+        return []
+    return [Unfreeze(unfreeze.layers, unfreeze.at_epoch, unfreeze.lr_factor)]
 
 
 class Unfreeze(keras.callbacks.Callback):

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from tftrain.check import hardware
-from tftrain.check.report import ADVICE, ERROR, OK, Finding, Target
+from tftrain.training.optimizers import optimizer_slots
+from tftrain.rules import hardware
+from tftrain.rules.report import ADVICE, ERROR, OK, Finding, Target
 
 FAMILY = "memory"
 GIB = 1 << 30
@@ -53,20 +54,13 @@ class Estimate:
         return self.state_bytes + self.activation_bytes
 
 
-def optimizer_slots(train_config) -> int:
-    """Variables per trainable weight that the optimizer keeps (adam/adamw 2, momentum sgd 1)."""
-    if train_config.optimizer == "sgd":
-        return 1 if train_config.momentum else 0
-    return 2
-
-
 def estimate(model, config, target: Target, policy: str) -> Estimate:
     """The estimate for `model` (built) under `policy`, with one replica's micro-batch."""
     import numpy as np
 
     params = int(model.count_params())
     trainable = int(sum(np.prod(w.shape) for w in model.trainable_weights))
-    slots = optimizer_slots(config.train)
+    slots = optimizer_slots(config.train.optimizer)
     mixed = policy.startswith("mixed_")
     state = params * 4 + (params * 2 if mixed else 0) + trainable * 4 * (1 + slots)
     elements, unknown = output_elements(model)

@@ -20,7 +20,7 @@ import os
 import re
 import sys
 
-from tftrain.check.report import ERROR, OK, Finding, Target
+from tftrain.rules.report import ERROR, OK, Finding, Target
 
 FAMILY = "xla"
 _UNSUPPORTED = re.compile(r"(\w+) \(No registered '\w+' OpKernel for (XLA_\w+) devices "
@@ -35,19 +35,6 @@ _HINTS = {
 }
 _STRING_HINT = ("strings cannot live on a TPU: do the string work in the input pipeline and "
                 "feed the model numbers")
-
-
-QUICK_COMPILE = "--xla_backend_optimization_level=0"
-
-
-def quick_compile_flags(flags: str) -> str:
-    """`XLA_FLAGS` for a process that only checks: `flags` plus no LLVM optimization of the CPU
-    code (unless they set the level). Whether an op compiles is decided before that step, so
-    the verdict is the same, sooner (configs/digits_tpu.yaml, measured on 2 busy cores: the
-    whole check 101 s -> 58 s at load 12, the check before connecting 25.7 s -> 22.8 s at 3)."""
-    if "--xla_backend_optimization_level" in flags:
-        return flags
-    return f"{flags} {QUICK_COMPILE}".strip()
 
 
 def uses_xla(config, target: Target) -> tuple[bool, str]:

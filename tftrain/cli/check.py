@@ -36,11 +36,11 @@ flags.DEFINE_integer("replicas", None, "--target=gpu|cpu|multi_worker: the repli
 def main(argv):
     import os
 
-    from tftrain.check import xla
+    from tftrain.rules import isolated
 
     # Before TensorFlow (a model module may import it): XLA reads its flags once per process.
     given = os.environ.get("XLA_FLAGS")
-    os.environ["XLA_FLAGS"] = xla.quick_compile_flags(given or "")
+    os.environ["XLA_FLAGS"] = isolated.quick_compile_flags(given or "")
     try:
         return _check()
     finally:  # in-process callers (tests) keep their own environment
@@ -73,8 +73,8 @@ def _check() -> int:
 def make_target(config):
     """The `Target` of the flags (and, by default, of the config's strategy)."""
     from tftrain.runtime import cluster, dtensor_layouts
-    from tftrain.check import hardware
-    from tftrain.check.report import Target
+    from tftrain.rules import hardware
+    from tftrain.rules.report import Target
     from tftrain.errors import ConfigError
 
     runtime = config.runtime

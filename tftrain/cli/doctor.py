@@ -29,10 +29,6 @@ def main(argv):
     from tftrain.errors import ConfigError
 
     config = config_lib.build_config(FLAGS.config, {}, FLAGS.params_override)
-    if config.runtime.strategy == "dtensor":
-        raise ConfigError("tftrain doctor measures tf.distribute runs; runtime.strategy=dtensor "
-                          "trains on a DTensor mesh, which it does not time: override "
-                          "runtime.strategy=auto to measure the same data and model")
     workers = cluster.use(config.runtime.cluster).num_workers  # no TensorFlow yet
     if workers > 1:
         raise ConfigError(f"tftrain doctor runs in one process, and this environment describes "

@@ -22,7 +22,7 @@ flags.DEFINE_integer("batch_size", 256, "Evaluation batch size.")
 def main(argv):
     require("model", "data")
     quiet_start.import_tensorflow()
-    from tftrain.engine import evaluate
+    from tftrain.optimize import evaluate
 
     metrics = evaluate.evaluate(FLAGS.model, FLAGS.data, FLAGS.split, FLAGS.batch_size,
                                 output=FLAGS.output, pipeline=FLAGS.pipeline,

@@ -7,7 +7,7 @@ import tensorflow as tf
 from absl import logging
 
 from pipelines import dataset_pipeline, images, raw_bytes
-from tftrain.config import CACHE_MODES
+from tftrain.config_schema import CACHE_MODES
 from tftrain.data import dataset_files
 from tftrain.data import manifest as manifest_lib
 from tftrain.data import order

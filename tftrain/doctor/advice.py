@@ -72,7 +72,7 @@ def choose(tried: list[Trial], text: list[Suggestion], whys: dict) -> list[Sugge
     return (chosen + text)[:MAX_SUGGESTIONS]
 
 
-def try_cache(strategy, config, manifest: dict, rates: measure.Rates, steps: int,
+def try_cache(backend, config, manifest: dict, rates: measure.Rates, steps: int,
               ) -> tuple[list[Trial], list[Suggestion], dict]:
     """Tries the in-memory caches the configured input does not use yet, when they fit.
 
@@ -106,7 +106,7 @@ def try_cache(strategy, config, manifest: dict, rates: measure.Rates, steps: int
                                    f"(~{fill_seconds:.0f} s here)"))
             continue
         try:
-            dataset = measure.training_input(strategy, config, cache=mode)
+            dataset = backend.training_data(config, cache=mode)
         except DataError as e:
             logging.info("%s not tried: %s", change, e)
             continue
@@ -124,13 +124,13 @@ AUTOTUNE_WHY = ("tf.data's autotuning off: every parallel read and map runs one 
                 "from the start (on small hosts autotuning can leave a core idle)")
 
 
-def try_autotune_off(strategy, config, rates: measure.Rates, steps: int,
+def try_autotune_off(backend, config, rates: measure.Rates, steps: int,
                      fill_steps: int) -> list[Trial]:
     """Tries the configured input with tf.data's autotuning off (when it is on); its first
     round warms up `fill_steps` (the pass that fills a cache)."""
     if not config.data.autotune:
         return []
-    dataset = measure.training_input(strategy, config, autotune=False)
+    dataset = backend.training_data(config, autotune=False)
     fill = [fill_steps]
     rate = measure.best(lambda: measure.input_rate(
         dataset, steps, measure.examples_per_step(config), warmup=fill.pop() if fill else 0))
@@ -177,3 +177,10 @@ def try_steps_per_execution(config, rates: measure.Rates, run_model) -> list[Tri
 
 SPE_WHY = (f"{STEPS_PER_EXECUTION} steps per tf.function call: less per-step overhead for a "
            "short step")
+
+
+def suggestion_json(suggestion: Suggestion) -> dict:
+    """One suggestion's entry of the doctor's JSON."""
+    return {"change": suggestion.change, "why": suggestion.why, "speedup": suggestion.speedup,
+            "measured": suggestion.measured, "for_input": suggestion.for_input,
+            "line": suggestion.line()}

@@ -15,8 +15,8 @@ import tensorflow as tf
 from absl import logging
 
 from tftrain.callbacks.step_timer import StepTimer
-from tftrain.engine import backends
 from tftrain.data import foreign, reader
+from tftrain.engine import backends
 
 TIMED_EPOCHS = 6  # fit: one warm-up epoch, then this many timed epochs (steps / TIMED_EPOCHS each)
 REPLAY_BYTES = 256 << 20  # at most this much of decoded batches is replayed from memory
@@ -34,12 +34,6 @@ def training_kwargs(config, **changes) -> dict:
     return {**backends.training_input_kwargs(config), **changes}
 
 
-def training_input(strategy, config, **changes):
-    """The distributed training input `tftrain train` feeds to `fit` (with `changes`)."""
-    return reader.load_distributed(strategy, config.data.dir, config.data.train_split,
-                                   examples_per_step(config), **training_kwargs(config, **changes))
-
-
 def host_input(config, **changes) -> tf.data.Dataset:
     """The training input as one host pipeline of global batches, no strategy (with `changes`,
     e.g. `last_stage="parse"`)."""
@@ -47,17 +41,10 @@ def host_input(config, **changes) -> tf.data.Dataset:
                        **training_kwargs(config, **changes))
 
 
-def replayed(config) -> tf.data.Dataset:
-    """A few real training batches, read once and then replayed from memory forever.
-
-    The batches are read from the host pipeline (local, no tf.data service) and held in a
-    memory cache that is filled here, so the model's steps then wait on no reading or decoding.
-    """
-    batches = max(1, min(REPLAY_BATCHES, REPLAY_BYTES // max(1, batch_bytes(config))))
-    kept = host_input(config, service_address="").take(batches).cache()
-    for _ in kept:  # one complete pass: the cache is final and every later pass reads memory
-        pass
-    return kept.repeat()
+def replay_batches(config) -> int:
+    """How many real training batches the model alone is timed on (read once, then replayed
+    from memory by the backend, so its steps wait on no reading or decoding)."""
+    return max(1, min(REPLAY_BATCHES, REPLAY_BYTES // max(1, batch_bytes(config))))
 
 
 def batch_bytes(config) -> int:
@@ -118,6 +105,17 @@ def fit_rate(trainer, dataset, steps: int, examples: int, execution: int) -> flo
 def warmup_steps(steps: int) -> int:
     """Batches read before timing `steps` of an input: tracing, buffers, autotuning."""
     return max(10, steps // TIMED_EPOCHS)
+
+
+def three_ways(input_alone, model_alone, combined) -> Rates:
+    """The best of ROUNDS interleaved rounds of each way (`input_alone(round_index)`, so its
+    first round can warm up a cache; `model_alone()`, `combined()`): the machine may be shared."""
+    rates = [0.0, 0.0, 0.0]
+    for round_index in range(ROUNDS):
+        rates[0] = max(rates[0], input_alone(round_index))
+        rates[1] = max(rates[1], model_alone())
+        rates[2] = max(rates[2], combined())
+    return Rates(*rates)
 
 
 def best(measure_once, rounds: int = ROUNDS) -> float:

@@ -43,7 +43,7 @@ class Stage:
         return DESCRIPTIONS[self.name]
 
 
-def measure_stages(strategy, config, steps: int) -> list[Stage]:
+def measure_stages(backend, config, steps: int) -> list[Stage]:
     """The stages of the configured training input, in pipeline order."""
     uncached = {"cache": "none", "service_address": ""}
     examples = measure.examples_per_step(config)
@@ -55,18 +55,10 @@ def measure_stages(strategy, config, steps: int) -> list[Stage]:
         stages.append(Stage(name, rates[name], max(0.0, 1 / rates[name] - before)))
         before = max(before, 1 / rates[name])
     stages.append(Stage(AUGMENT, None, None, NO_AUGMENTATION))
-    if not on_accelerators(strategy):
+    if backend.device_type == "CPU":
         return stages + [Stage(TRANSFER, None, None, NO_TRANSFER)]
-    rate = measure.input_rate(measure.training_input(strategy, config, **uncached), steps, examples)
+    rate = measure.input_rate(backend.training_data(config, **uncached), steps, examples)
     return stages + [Stage(TRANSFER, rate, max(0.0, 1 / rate - before))]
-
-
-def on_accelerators(strategy) -> bool:
-    """Whether any replica of `strategy` is a GPU or TPU (its batches are copied to it)."""
-    import tensorflow as tf
-
-    return any(tf.DeviceSpec.from_string(device).device_type not in (None, "CPU")
-               for device in strategy.extended.worker_devices)
 
 
 def costliest(stages: list[Stage]) -> Stage:
@@ -79,3 +71,11 @@ def share(stage: Stage, stages: list[Stage]) -> float:
     """The stage's part of the whole input's time per example."""
     total = sum(s.seconds_per_example for s in stages if s.seconds_per_example is not None)
     return stage.seconds_per_example / total if total else 0.0
+
+
+def as_json(stage: Stage, stages: list[Stage]) -> dict:
+    """One stage's row of the doctor's JSON."""
+    return {"name": stage.name, "description": stage.description,
+            "examples_per_second": stage.rate, "seconds_per_example": stage.seconds_per_example,
+            "share": share(stage, stages) if stage.seconds_per_example is not None else None,
+            "note": stage.note}

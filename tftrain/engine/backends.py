@@ -14,6 +14,8 @@ only the backend knows which one it is:
 """
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import tensorflow as tf
 import tf_keras as keras
 from absl import logging
@@ -21,11 +23,56 @@ from absl import logging
 from tftrain import config as config_lib
 from tftrain import models, tasks
 from tftrain.data import foreign, reader
-from tftrain.engine import determinism, grad_accum, optimizers, precision
+from tftrain.engine import determinism, grad_accum, precision
+from tftrain.training import optimizers
 from tftrain.runtime import cluster, distribute, tpu
 
 
-def create(config: config_lib.Config):
+@runtime_checkable
+class Backend(Protocol):
+    """Where a run's model lives and trains: what `engine.train`, `doctor` and `check` ask of it.
+
+    A third backend is one module with a class that has these attributes and methods, and a
+    branch in `create`.
+    """
+
+    name: str  # summary.json's `strategy`
+    num_replicas: int
+    num_workers: int
+    chief: bool  # multi-worker: only the chief writes the run's files
+    device_type: str  # "CPU", "GPU" or "TPU": where the replicas compute
+    random_state: object  # train.deterministic: what the backup saves beside the model, or None
+
+    def set_up(self, config: config_lib.Config) -> str:
+        """Seeds, determinism and the precision policy, before any model; the policy's name."""
+
+    def training_data(self, config: config_lib.Config, start_step: int = 0, **changes):
+        """The endless training stream from `start_step` on (`changes`: `reader.load` options)."""
+
+    def replayed_data(self, config: config_lib.Config, batches: int):
+        """`batches` training steps' batches read once, then replayed from memory forever."""
+
+    def evaluation_data(self, config: config_lib.Config, split: str, *, for_fit: bool = False):
+        """`split` for `fit`'s validation (`for_fit`) or for a final evaluation."""
+
+    def validation_steps(self, config: config_lib.Config, manifest: dict) -> int | None:
+        """`fit`'s `validation_steps` (None: the whole split)."""
+
+    def build(self, config: config_lib.Config, manifest: dict, plan) -> tuple:
+        """`(model, trainer)` built and compiled: `trainer` is what `fit` trains, `model` is what
+        gets exported."""
+
+    def trained_model(self, model, trainer, task):
+        """The compiled model to evaluate once training is over."""
+
+    def export_dir(self, path: str) -> str:
+        """Where this process writes the export meant for `path`."""
+
+    def summary(self, trainer) -> dict:
+        """The backend's part of `summary.json`."""
+
+
+def create(config: config_lib.Config) -> Backend:
     """The backend of `runtime.strategy`, built before any other TensorFlow op runs."""
     if config.runtime.strategy == "dtensor":
         return DTensorBackend(config)
@@ -82,16 +129,43 @@ def build_and_compile(config: config_lib.Config, manifest: dict, plan,
     return model, trainer
 
 
-class StrategyBackend:
-    """A `tf.distribute` strategy: one device, Mirrored, MultiWorkerMirrored or TPU."""
+def _device_type(strategy) -> str:
+    """The kind of device the replicas compute on ("CPU", "GPU" or "TPU")."""
+    try:
+        devices = strategy.extended.worker_devices
+    except RuntimeError:  # the default strategy: TensorFlow's own placement (a GPU if any)
+        devices = [device.name for device in tf.config.list_logical_devices()]
+    for kind in ("TPU", "GPU"):
+        if any(f"{kind}:" in device.upper() for device in devices):
+            return kind
+    return "CPU"
 
-    def __init__(self, config: config_lib.Config):
-        self.strategy = distribute.create_strategy(config.runtime)
+
+def _filled(kept):
+    """`kept` (a `take(n).cache()` dataset) after one complete pass, repeated: every later
+    pass reads memory."""
+    for _ in kept:
+        pass
+    return kept.repeat()
+
+
+class StrategyBackend:
+    """A `tf.distribute` strategy: one device, Mirrored, MultiWorkerMirrored or TPU.
+
+    `strategy`, `policy` and `jit_compile` replace what the config says (`tftrain check` builds
+    the run on this machine's default strategy, under the target's policy and compiler).
+    """
+
+    def __init__(self, config: config_lib.Config, strategy=None, *, policy: str | None = None,
+                 jit_compile: bool | None = None):
+        self.strategy = strategy or distribute.create_strategy(config.runtime)
         self.name = distribute.strategy_name(self.strategy)
         self.num_replicas = self.strategy.num_replicas_in_sync
-        self.num_workers = cluster.num_workers()
+        self.num_workers = cluster.num_workers() if strategy is None else 1
         self.chief = cluster.is_chief(self.strategy)  # multi-worker: only the chief writes
+        self.device_type = _device_type(self.strategy)
         self.random_state = None  # train.deterministic: the random layers' generators
+        self._policy, self._jit_compile = policy, jit_compile
         config_lib.check_divisible(config.data.batch_size, self.num_replicas)
 
     def set_up(self, config: config_lib.Config) -> str:
@@ -100,14 +174,22 @@ class StrategyBackend:
         keras.utils.set_random_seed(config.train.seed)
         if config.train.deterministic:
             determinism.enable()
-        return precision.set_policy(config.runtime.mixed_precision, self.strategy)
+        return precision.set_policy(self._policy or config.runtime.mixed_precision, self.strategy)
 
-    def training_data(self, config: config_lib.Config, start_step: int):
+    def training_data(self, config: config_lib.Config, start_step: int = 0, **changes):
         """The endless training stream, split over the replicas, from `start_step` on."""
         return reader.load_distributed(
             self.strategy, config.data.dir, config.data.train_split,
             config.data.batch_size * config.train.grad_accum_steps, start_step=start_step,
-            **training_input_kwargs(config))
+            **{**training_input_kwargs(config), **changes})
+
+    def replayed_data(self, config: config_lib.Config, batches: int):
+        """Global batches of the host pipeline (local, no tf.data service), held in memory and
+        repeated; Keras splits them over the replicas as it does any dataset."""
+        kept = reader.load(config.data.dir, config.data.train_split,
+                           config.data.batch_size * config.train.grad_accum_steps,
+                           **{**training_input_kwargs(config), "service_address": ""})
+        return _filled(kept.take(batches).cache())
 
     def evaluation_data(self, config: config_lib.Config, split: str, *, for_fit: bool = False):
         """`split` in global batches, for `fit`'s validation (`for_fit`) or a final evaluation."""
@@ -125,8 +207,9 @@ class StrategyBackend:
         """`(model, trainer)` built and compiled inside the strategy's scope (see
         `build_and_compile`); `model` is what gets exported."""
         tpu.check_ready(config, self.strategy)  # TPU only: static shapes, batch split, bf16, ...
+        compile_kwargs = {} if self._jit_compile is None else {"jit_compile": self._jit_compile}
         with self.strategy.scope():
-            model, trainer = build_and_compile(config, manifest, plan)
+            model, trainer = build_and_compile(config, manifest, plan, **compile_kwargs)
             if config.train.deterministic:  # their generator state is saved with the backup
                 self.random_state = determinism.random_generators(trainer)
         return model, trainer
@@ -159,6 +242,7 @@ class DTensorBackend:
         self.num_replicas = self.dims[dtensor_layouts.BATCH]
         self.num_workers = 1
         self.chief = True
+        self.device_type = self.mesh.device_type()
         self.random_state = None
         self._config = config
         self._plan_layouts: dict = {}
@@ -171,10 +255,15 @@ class DTensorBackend:
         keras.mixed_precision.set_global_policy("float32")
         return "float32"
 
-    def training_data(self, config: config_lib.Config, start_step: int):
+    def training_data(self, config: config_lib.Config, start_step: int = 0, **changes):
         """The endless training stream as DTensors split over `batch`, from `start_step` on."""
         return self._dtensor.make_dataset(self.mesh, config, config.data.train_split,
-                                          training=True, start_step=start_step)
+                                          training=True, start_step=start_step, **changes)
+
+    def replayed_data(self, config: config_lib.Config, batches: int):
+        """`batches` steps of DTensor batches read once, then replayed from memory."""
+        return self._dtensor.make_dataset(self.mesh, config, config.data.train_split,
+                                          training=True, keep_batches=batches)
 
     def evaluation_data(self, config: config_lib.Config, split: str, *, for_fit: bool = False):
         """`fit`'s validation: a repeated DTensor dataset of `split` (read `validation_steps`
@@ -229,6 +318,6 @@ class DTensorBackend:
                 "layouts": {path: ",".join(spec) for path, spec in self._plan_layouts.items()},
                 "memory": layouts.memory_report(
                     weights, self._plan_layouts, self.dims,
-                    self._dtensor.optimizer_slots(self._config.train.optimizer)),
+                    optimizers.optimizer_slots(self._config.train.optimizer)),
             },
         }

@@ -12,55 +12,21 @@ checking a config does not start TensorFlow.
 """
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import importlib
 import inspect
 from typing import Callable
 
+import tftrain
 from tftrain.errors import ConfigError, DataError
 from tftrain.models.applications import application
+from tftrain.models.outputs import OutputSpec, as_output_spec  # noqa: F401  (the task/model contract)
 from tftrain.models.transformer import transformer, transformer_lm
 
 # What a builder receives besides model.params (never settable there). The last two come from
 # the dataset's manifest `info` (text datasets), given to builders whose signature names them.
 DATASET_ARGUMENTS = ("input_shape", "outputs", "num_classes", "vocab_size", "sequence_length")
 INFO_KEYS = {"vocab_size": ("vocab_size",), "sequence_length": ("sequence_length", "max_length")}
-
-
-@dataclasses.dataclass(frozen=True)
-class OutputSpec:
-    """What the model's last layer gives per example: `size` float32 values.
-
-    `kind="logits"`: class logits (`size` classes). `kind="values"`: regression values in the
-    label's units; with `mean` and `std` (per output, or one for all, measured at conversion)
-    the head predicts standardized values and scales them back, so training sees unit-scale
-    targets.
-    """
-
-    size: int
-    kind: str = "logits"
-    mean: tuple = ()
-    std: tuple = ()
-
-    def head(self, x):
-        """The output layer(s) on the features `x`; float32 even under a mixed-precision policy
-        (the loss must not be computed in fp16)."""
-        import tf_keras as keras
-
-        if self.kind == "logits":
-            return keras.layers.Dense(self.size, dtype="float32", name="logits")(x)
-        x = keras.layers.Dense(self.size, dtype="float32", name="standardized")(x)
-        if not self.std:
-            return x
-        scale = list(self.std) if len(self.std) > 1 else self.std[0]
-        offset = list(self.mean) if len(self.mean) > 1 else self.mean[0]
-        return keras.layers.Rescaling(scale, offset, dtype="float32", name="values")(x)
-
-
-def as_output_spec(outputs) -> OutputSpec:
-    """`outputs` as an OutputSpec: an int is a number of classes (the call before tasks)."""
-    return outputs if isinstance(outputs, OutputSpec) else OutputSpec(size=int(outputs))
 
 
 def mlp(input_shape, outputs: OutputSpec, hidden_units=(256, 128), dropout=0.1):
@@ -202,6 +168,7 @@ def build_model(name: str, params: dict, input_shape, outputs: OutputSpec | int,
     A builder that names `vocab_size` or `sequence_length` gets them from `dataset_info` (the
     manifest's `info`: `vocab_size`; `sequence_length` or `max_length`) when it has them.
     """
+    tftrain.require_tf_keras()
     import tf_keras as keras
 
     spec = as_output_spec(outputs)

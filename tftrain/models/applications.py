@@ -24,7 +24,8 @@ import importlib
 import os
 import tempfile
 
-from tftrain.errors import ConfigError
+from tftrain.errors import ConfigError, first_line
+from tftrain.models import fine_tuning
 
 # Backbones whose constructor refuses smaller inputs than 32x32 (tf_keras obtain_input_shape).
 MIN_SIZE = {"InceptionV3": 75, "InceptionResNetV2": 75, "Xception": 71}
@@ -81,7 +82,7 @@ def application(input_shape, outputs, backbone=None, weights=None, backbone_para
         on a small dataset, 0.9 evaluates far better); none keeps it.
       dropout: the dropout rate before the head.
     """
-    from tftrain.models import as_output_spec
+    from tftrain.models.outputs import as_output_spec
 
     import tf_keras as keras
 
@@ -118,10 +119,8 @@ def application(input_shape, outputs, backbone=None, weights=None, backbone_para
         x = keras.layers.Dropout(dropout, name="head_dropout")(x)
     model = keras.Model(inputs, outputs.head(x), name=f"application_{backbone}")
     if not start and trainable:
-        from tftrain.callbacks import unfreeze
-
-        unfreeze.request(model, unfreeze.Unfreeze(trainable, unfreeze_at_epoch,
-                                                  fine_tune_lr_factor))
+        fine_tuning.schedule(model, fine_tuning.UnfreezeSchedule(
+            tuple(trainable), unfreeze_at_epoch, fine_tune_lr_factor))
     return model
 
 
@@ -215,7 +214,7 @@ def _construct(constructor, label, extra, **kwargs):
     try:
         return constructor(**kwargs, **extra)
     except (TypeError, ValueError) as e:
-        raise ConfigError(f"model.params: cannot build {label}: {_first_line(e)}") from None
+        raise ConfigError(f"model.params: cannot build {label}: {first_line(e)}") from None
 
 
 def _load_weights(base, constructor, label, extra, size, path) -> None:
@@ -239,7 +238,7 @@ def _load_weights(base, constructor, label, extra, size, path) -> None:
                 status.assert_existing_objects_matched()
         except (ValueError, OSError, AssertionError, KeyError, tf.errors.OpError) as e:
             raise ConfigError(f"model.params.weights={path} does not fit backbone {label} "
-                              f"(without its top): {_first_line(e)}") from None
+                              f"(without its top): {first_line(e)}") from None
     if not in_place:
         base.set_weights(target.get_weights())
 
@@ -287,8 +286,3 @@ def _is_batchnorm(layer) -> bool:
     import tf_keras as keras
 
     return isinstance(layer, keras.layers.BatchNormalization)
-
-
-def _first_line(error: Exception) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__

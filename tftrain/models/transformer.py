@@ -81,7 +81,7 @@ def transformer_lm(input_shape, outputs, vocab_size=None, sequence_length=None, 
     `outputs` is the language-model task's spec (`vocab_size` logits). `width` is the model
     width, `mlp_width` the MLP's hidden width.
     """
-    from tftrain.models import as_output_spec
+    from tftrain.models.outputs import as_output_spec
     import tf_keras as keras
 
     outputs = as_output_spec(outputs)
@@ -100,7 +100,7 @@ def transformer(input_shape, outputs, vocab_size=None, sequence_length=None, wid
                 num_layers=2, num_heads=4, mlp_width=256, dropout=0.1):
     """A Transformer encoder for text classification (or regression): padding (id 0) masked
     out of attention and of the mean pooling before the task's head (`outputs.head`)."""
-    from tftrain.models import as_output_spec
+    from tftrain.models.outputs import as_output_spec
     import tensorflow as tf
     import tf_keras as keras
 

@@ -12,6 +12,7 @@ import zipfile
 import tensorflow as tf
 import tf_keras as keras
 
+import tftrain
 from tftrain.engine import export, model_code
 from tftrain.errors import TftrainError
 
@@ -62,6 +63,7 @@ def load_keras_model(path: str, *, compile: bool = True,
     Keras 3 archive, or a SavedModel without Keras metadata), carries Python code (a Lambda
     layer) and `allow_python` is False, or cannot be loaded.
     """
+    tftrain.require_tf_keras()
     if not tf.io.gfile.exists(path):
         raise TftrainError(f"no model at {path}: train one first (tftrain train --model_dir=...) "
                            "or pass the path of a tf-keras SavedModel directory.")

@@ -76,7 +76,7 @@ class Membership:
 def use(cluster: str) -> Membership:
     """Makes `cluster` (runtime.cluster) the source that every later call here reads, and
     checks it against the environment now (a ConfigError names what is missing)."""
-    from tftrain.config import CLUSTERS  # no TensorFlow
+    from tftrain.config_schema import CLUSTERS  # no TensorFlow
 
     if cluster not in CLUSTERS:
         raise ConfigError(f"runtime.cluster={cluster!r} is not one of {', '.join(CLUSTERS)}")

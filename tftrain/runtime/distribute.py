@@ -11,8 +11,9 @@ import tensorflow as tf
 from absl import logging
 
 from tftrain.runtime import cluster
-from tftrain.config import RuntimeConfig
-from tftrain.errors import ConfigError, TftrainError
+from tftrain.config_schema import RuntimeConfig
+from tftrain.errors import ConfigError, TftrainError, first_line
+from tftrain.timeout import run_bounded
 
 
 def configure_cpu_devices(count: int) -> None:
@@ -244,7 +245,7 @@ def _tpu(runtime):
             f"TPU {tpu!r} did not answer within runtime.tpu_timeout={timeout}s (connect and "
             f"initialize). {_TPU_HINT}") from None
     except Exception as e:  # TF raises many kinds here (ValueError, OpError, URLError, ...)
-        raise TftrainError(f"cannot reach TPU {tpu!r}: {_first_line(e)}. {_TPU_HINT}") from None
+        raise TftrainError(f"cannot reach TPU {tpu!r}: {_tpu_failure(e)}. {_TPU_HINT}") from None
     return tf.distribute.TPUStrategy(resolver)
 
 
@@ -253,11 +254,11 @@ _TPU_HINT = ("On a Cloud TPU VM use --tpu=local with tensorflow-tpu installed in
              "grpc://host:8470")
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    if "ConfigureDistributedTPU" in text or "TPU" in type(error).__name__:
+def _tpu_failure(error: BaseException) -> str:
+    """What a failed TPU connect means, in one line."""
+    if "ConfigureDistributedTPU" in str(error) or "TPU" in type(error).__name__:
         return "no TPU devices or TPU runtime on this machine (TPU system initialization failed)"
-    return text.splitlines()[0][:300] if text else type(error).__name__
+    return first_line(error)
 
 
 def _check_reachable(address: str, timeout: float) -> None:
@@ -272,31 +273,3 @@ def _check_reachable(address: str, timeout: float) -> None:
     except OSError as e:
         raise TftrainError(f"cannot reach TPU {address!r}: nothing answers at {host}:{port} "
                            f"({e.strerror or e}). {_TPU_HINT}") from None
-
-
-def run_bounded(fn, timeout: float, name: str = "bounded"):
-    """Runs `fn()` in a daemon thread named `name`; its result, its exception, or TimeoutError
-    after `timeout`s.
-
-    TensorFlow's TPU connect can block forever on an address that accepts connections but does
-    not speak its protocol (and a remote `data.dir` on a stalled file system likewise); the
-    daemon thread is abandoned and the process can still exit.
-    """
-    import threading
-
-    result: dict = {}
-
-    def run():
-        try:
-            result["value"] = fn()
-        except BaseException as e:  # noqa: BLE001  (re-raised in the caller's thread)
-            result["error"] = e
-
-    thread = threading.Thread(target=run, name=name, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    if thread.is_alive():
-        raise TimeoutError
-    if "error" in result:
-        raise result["error"]
-    return result["value"]

@@ -17,9 +17,9 @@ import tf_keras as keras
 from absl import logging
 from tensorflow.experimental import dtensor
 
-from tftrain import config as config_lib
+from tftrain import config_schema as config_lib
 from tftrain.data import foreign, reader
-from tftrain.engine import optimizers
+from tftrain.training import optimizers
 from tftrain.errors import ConfigError
 from tftrain.runtime import distribute, dtensor_layouts, dtensor_optimizers
 
@@ -60,16 +60,24 @@ def create_mesh(runtime: config_lib.RuntimeConfig):
 
 
 def make_dataset(mesh, config: config_lib.Config, split: str, training: bool,
-                 start_step: int = 0):
+                 start_step: int = 0, keep_batches: int = 0, **changes):
     """A repeated `DTensorDataset` of `split`: global batches split over the mesh's `batch`
-    (training: starting after the `start_step` steps a resumed run already made)."""
+    (training: starting after the `start_step` steps a resumed run already made). `changes`
+    replace `reader.load` options; `keep_batches` > 0 reads that many global batches once and
+    replays them from memory (what `tftrain doctor` times the model alone on)."""
     replicas = mesh.dim_size(dtensor_layouts.BATCH)
+    options = dict(training=training, shuffle_buffer=config.data.shuffle_buffer,
+                   cache=config.data.cache, drop_remainder=True, repeat=True,
+                   seed=config.train.seed, deterministic=True,
+                   start_batch=start_step * replicas,  # each step takes one per replica
+                   **foreign.load_kwargs(config.data))
     dataset = reader.load(config.data.dir, split, config.data.batch_size // replicas,
-                          training=training, shuffle_buffer=config.data.shuffle_buffer,
-                          cache=config.data.cache, drop_remainder=True, repeat=True,
-                          seed=config.train.seed, deterministic=True,
-                          start_batch=start_step * replicas,  # each step takes one per replica
-                          **foreign.load_kwargs(config.data))
+                          **{**options, **changes})
+    if keep_batches:
+        dataset = dataset.take(keep_batches * replicas).cache()
+        for _ in dataset:  # one complete pass: every later one reads memory
+            pass
+        dataset = dataset.repeat()
     # DTensorDataset gives each local replica its own copy of the pipeline and shards it with
     # the dataset's auto-shard policy. FILE sharding fails when a split has fewer files than
     # replicas (the default conversion writes one file per small split), so every replica takes
@@ -182,11 +190,6 @@ def metrics_on_mesh(metrics: list, mesh) -> list:
             metric.__init__(**config)
         rebuilt.append(metric)
     return rebuilt
-
-
-def optimizer_slots(name: str) -> int:
-    """Optimizer state per weight: Adam/AdamW keep 2 moments, SGD with momentum 1."""
-    return {"sgd": 1}.get(name, 2)
 
 
 def make_optimizer(train_config: config_lib.TrainConfig, plan, mesh):

@@ -1,6 +1,6 @@
 """TPU readiness: what must hold before a TPUStrategy run starts, checked before training.
 
-Two moments. Before connecting, `tftrain.check.before_connecting` (called first in
+Two moments. Before connecting, `tftrain.rules.before_connecting` (called first in
 `train.run`) checks what needs no TensorFlow op: storage, precision, the batch split over the
 replicas the environment names (else 8 assumed), and Python calls in the pipeline's decode
 source. After connecting, `check_ready` checks what needs the real replica count and the built
@@ -9,13 +9,13 @@ of one replica's training batches (`drop_remainder=True`), Python functions in t
 graph (fine on a TPU VM, an error where a TPU node's hosts run the input), and evaluation
 splits that the dropped partial batch would leave empty. Errors raise ConfigError; advice
 (bfloat16, `train.steps_per_execution` > 1, ...) is logged and returned. The checks themselves
-live in `tftrain.check`, which `tftrain check` runs without a TPU.
+live in `tftrain.rules`, which `tftrain check` runs without a TPU.
 """
 from __future__ import annotations
 
-from tftrain import config as config_lib
-from tftrain.check import batch, input_pipeline, precision, raise_errors
-from tftrain.check.report import Target
+from tftrain import config_schema as config_lib
+from tftrain.rules import batch, input_pipeline, precision, raise_errors
+from tftrain.rules.report import Target
 
 
 def check_ready(config: config_lib.Config, strategy) -> list[str]:

@@ -51,7 +51,7 @@ class ClassificationTask(Task):
         self.num_classes = num_classes
 
     def outputs(self):
-        from tftrain.models import OutputSpec
+        from tftrain.models.outputs import OutputSpec
 
         return OutputSpec(size=self.num_classes, kind="logits")
 

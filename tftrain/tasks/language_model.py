@@ -83,7 +83,7 @@ class LanguageModelTask(Task):
         perplexity_metric()  # registers the metric's class before any SavedModel is loaded
 
     def outputs(self):
-        from tftrain.models import OutputSpec
+        from tftrain.models.outputs import OutputSpec
 
         return OutputSpec(size=self.vocab_size, kind="logits")
 

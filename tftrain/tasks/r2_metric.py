@@ -3,7 +3,7 @@
 Kept from sums (count, Σy, Σy², Σ(y - ŷ)²) per output, so it is exact over a whole epoch and
 merges across replicas like any Keras metric; labels are reshaped to the predictions' shape
 (a scalar label against a one-unit output). Registered with Keras: import this module before
-loading a SavedModel of a regression run (`tftrain.engine.evaluate` and `tftrain.optimize.runs` do).
+loading a SavedModel of a regression run (`tftrain.optimize.evaluate` and `tftrain.optimize.runs` do).
 """
 from __future__ import annotations
 

@@ -58,7 +58,7 @@ class RegressionTask(Task):
             self.mean = self.std = ()  # statistics that do not fit the outputs: not used
 
     def outputs(self):
-        from tftrain.models import OutputSpec
+        from tftrain.models.outputs import OutputSpec
 
         return OutputSpec(size=self.size, kind="values", mean=self.mean, std=self.std)
 

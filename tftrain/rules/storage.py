@@ -10,7 +10,7 @@ sees (a shared filesystem or `gs://`).
 """
 from __future__ import annotations
 
-from tftrain.check.report import ADVICE, ERROR, OK, Finding, Target
+from tftrain.rules.report import ADVICE, ERROR, OK, Finding, Target
 
 FAMILY = "storage"
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import tensorflow as tf
 import tf_keras as keras
 
-from tftrain import config as config_lib
+from tftrain import config_schema as config_lib
 
 
 class LinearWarmup(keras.optimizers.schedules.LearningRateSchedule):
@@ -142,10 +142,17 @@ def learning_rate_variable(optimizer) -> tf.Variable | None:
     return lr
 
 
-def plateau_callback(train: config_lib.TrainConfig):
-    """`ReduceLROnPlateau` for `lr_schedule=plateau`, else None."""
+def plateau_callback(train: config_lib.TrainConfig, mode: str = "auto"):
+    """`ReduceLROnPlateau` for `lr_schedule=plateau`, else None. `mode` is the task's direction
+    for `train.monitor` (the callback's own `auto` knows only "acc" names as higher-is-better)."""
     if train.lr_schedule != "plateau":
         return None
     return keras.callbacks.ReduceLROnPlateau(
         monitor=train.monitor, factor=train.lr_decay_rate, patience=train.plateau_patience,
-        min_lr=train.lr_min, verbose=1)
+        min_lr=train.lr_min, mode=mode, verbose=1)
+
+
+def optimizer_slots(name: str) -> int:
+    """Variables per trainable weight that `train.optimizer` keeps: adam and adamw 2 (moments),
+    sgd 1 (tf-keras SGD builds its momentum slot even at momentum 0, measured on 2.21)."""
+    return {"sgd": 1}.get(name, 2)

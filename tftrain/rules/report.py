@@ -56,7 +56,7 @@ class Target:
     def replica_word(self) -> str:
         """What one replica is called on this target: TPU core/chip, GPU, worker, replica."""
         if self.kind == "tpu":
-            from tftrain.check import hardware
+            from tftrain.rules import hardware
 
             return "TPU " + hardware.replica_word(self.tpu_type)
         return {"gpu": "GPU", "multi_worker": "worker"}.get(self.kind, "replica")

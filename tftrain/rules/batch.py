@@ -9,9 +9,10 @@ evaluation split smaller than one global batch is then not evaluated at all.
 """
 from __future__ import annotations
 
-from tftrain import config as config_lib
-from tftrain.check.report import ADVICE, ERROR, OK, Finding, Target
+from tftrain import config_schema as config_lib
+from tftrain.rules.report import ADVICE, ERROR, OK, Finding, Target
 from tftrain.errors import ConfigError
+from tftrain.training.steps import plan_steps
 
 FAMILY = "batch"
 TPU_BATCH_MULTIPLE = 8
@@ -55,9 +56,7 @@ def steps_per_execution(config, manifest: dict | None) -> Finding:
     epoch = ""
     count = (manifest or {}).get("splits", {}).get(config.data.train_split, {}).get("num_examples")
     if count is not None:
-        from tftrain.engine import train
-
-        plan = train.plan_steps(config.train, count,
+        plan = plan_steps(config.train, count,
                                 config.data.batch_size * config.train.grad_accum_steps)
         calls = -(-plan.steps_per_epoch // steps)
         epoch = (f"; an epoch of {plan.steps_per_epoch} steps takes {calls} host "

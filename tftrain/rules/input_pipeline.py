@@ -19,7 +19,7 @@ import inspect
 import re
 import warnings
 
-from tftrain.check.report import ADVICE, ERROR, OK, Finding, Target
+from tftrain.rules.report import ADVICE, ERROR, OK, Finding, Target
 
 FAMILY = "input"
 PYTHON_OPS = {"EagerPyFunc": "tf.py_function", "PyFunc": "tf.numpy_function",

@@ -8,7 +8,7 @@ Config only, no TensorFlow.
 """
 from __future__ import annotations
 
-from tftrain.check.report import ADVICE, ERROR, OK, Finding, Target
+from tftrain.rules.report import ADVICE, ERROR, OK, Finding, Target
 
 FAMILY = "precision"
 _AUTO = {"tpu": "mixed_bfloat16", "gpu": "mixed_float16"}  # cpu, multi_worker: float32
