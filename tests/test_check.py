@@ -20,6 +20,7 @@ from tftrain.check import memory
 from tftrain.rules import batch, hardware, input_pipeline, precision, storage
 from tftrain.rules.report import ADVICE, ERROR, OK, Target
 from tftrain.data import reader
+from tftrain.data.manifest import Manifest, Split
 from tftrain.data.writer import write_dataset
 from tftrain.errors import ConfigError
 
@@ -127,7 +128,7 @@ def test_batch_fails_when_it_does_not_split_over_the_cores():
 def test_batch_passes_an_even_split_and_explains_steps_per_execution():
     config = _config("data.batch_size=128")
     assert batch.split(config, TPU_VM).what.startswith("data.batch_size=128 over 8 TPU chips: 16")
-    manifest = {"splits": {"train": {"num_examples": 1426}}}
+    manifest = Manifest("digits", {}, {}, {"train": Split(1426, ())})
     assert batch.steps_per_execution(config, manifest).status == ADVICE  # 1: back to the host
     config.train.steps_per_execution = 11
     finding = batch.steps_per_execution(config, manifest)
@@ -135,7 +136,7 @@ def test_batch_passes_an_even_split_and_explains_steps_per_execution():
 
 
 def test_batch_fails_an_evaluation_split_smaller_than_one_batch():
-    manifest = {"splits": {"validation": {"num_examples": 182}, "test": {"num_examples": 189}}}
+    manifest = Manifest("digits", {}, {}, {"validation": Split(182, ()), "test": Split(189, ())})
     findings = batch.partial_batches(_config("data.batch_size=256"), manifest)
     assert _statuses(findings) == [ERROR, ERROR]
     assert "nothing of it is evaluated" in findings[0].what

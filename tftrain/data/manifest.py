@@ -64,26 +64,57 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 
 @dataclasses.dataclass(frozen=True)
 class Shard:
+    """One shard file. Other tools' TFRecords (`data.format=tfrecord`) know only the file."""
+
     file: str
-    num_examples: int
-    bytes: int
-    sha256: str
+    num_examples: int | None = None
+    bytes: int | None = None
+    sha256: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class Split:
-    num_examples: int
+    """A split's shards; `num_examples` is None for other tools' TFRecords that were not
+    counted."""
+
+    num_examples: int | None
     shards: tuple[Shard, ...]
+
+    @property
+    def bytes(self) -> int:
+        """The bytes of its shards, as far as the manifest records them (0 if unknown)."""
+        return sum(shard.bytes or 0 for shard in self.shards)
 
 
 @dataclasses.dataclass(frozen=True)
 class Manifest:
-    """A checked dataset.json: what readers rely on, typed."""
+    """A dataset's manifest, typed: what the engine, `check`, `doctor` and `optimize` read."""
 
     pipeline: str
     features: dict
     info: dict
     splits: dict[str, Split]
+
+    def examples(self, split: str) -> int:
+        """The number of examples of `split`; DataError when the split is unknown or uncounted."""
+        if split not in self.splits or self.splits[split].num_examples is None:
+            raise DataError(f"the dataset has no counted split {split!r}; it has: "
+                            f"{', '.join(sorted(self.splits)) or 'none'}.")
+        return self.splits[split].num_examples
+
+
+def typed(manifest: dict) -> Manifest:
+    """The typed view of a manifest `read` checked, or of `foreign.describe`'s description of
+    other tools' TFRecords (which know less: see `Shard`)."""
+    def shard(entry: dict) -> Shard:
+        return Shard(entry["file"], entry.get("num_examples"), entry.get("bytes"),
+                     entry.get("sha256"))
+
+    splits = {name: Split(entry.get("num_examples"),
+                          tuple(shard(s) for s in entry.get("shards", ())))
+              for name, entry in manifest.get("splits", {}).items()}
+    return Manifest(manifest.get("pipeline", ""), manifest.get("features") or {},
+                    manifest.get("info") or {}, splits)
 
 
 def validate(manifest, path: str = MANIFEST_NAME) -> Manifest:

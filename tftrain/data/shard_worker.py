@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import json
 import os
-import signal
 import sys
 import time
 import traceback
@@ -19,6 +18,7 @@ import traceback
 from tftrain.data import example_bytes
 from tftrain.data.record_file import RecordFile
 from tftrain.errors import BadRow, DataError
+from tftrain.host import die_with_parent
 
 REPORT_EVERY_S = 0.5
 LABEL_KEYS = ("image/class/label", "label", "labels", "y")
@@ -161,22 +161,6 @@ def publish(plan, shards: dict, alive) -> list[dict]:
 
 # ---- the worker process --------------------------------------------------------------------
 
-def _die_with_parent() -> int:
-    """Asks Linux to SIGKILL this process when its parent dies (kill -9 included); returns it.
-
-    The parent is the forkserver, which exits as soon as the converting process is gone.
-    """
-    parent = os.getppid()
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    return parent
-
-
 def process_main(pipeline, source, info, plan, worker, queue, main_pid) -> None:
     """Entry point of a worker process: runs `run` and sends progress and the outcome on `queue`.
 
@@ -185,7 +169,8 @@ def process_main(pipeline, source, info, plan, worker, queue, main_pid) -> None:
     """
     from tftrain.data.processes import pid_alive
 
-    parent = _die_with_parent()
+    parent = os.getppid()  # the forkserver, which exits as soon as the converting process does
+    die_with_parent()
 
     def alive():
         return os.getppid() == parent and pid_alive(main_pid)

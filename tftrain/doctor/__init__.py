@@ -25,7 +25,7 @@ def run(config, steps: int = DEFAULT_STEPS, convert_data: bool = True) -> dict:
     backend = backends.create(config)
     run_ = prepare.prepare(config, backend, convert_data=convert_data)
     config, examples = run_.config, run_.examples_per_step
-    split_examples = run_.manifest["splits"][config.data.train_split]["num_examples"]
+    split_examples = run_.dataset.examples(config.data.train_split)
     replay = backend.replayed_data(config, measure.replay_batches(config))
 
     def fit_rate(trainer, dataset, execution: int = config.train.steps_per_execution) -> float:
@@ -50,10 +50,10 @@ def run(config, steps: int = DEFAULT_STEPS, convert_data: bool = True) -> dict:
     # 5. The verdict, and the changes that help (tried here when they can be).
     verdict = advice.verdict(rates)
     if verdict == advice.INPUT_BOUND:
-        tried, text, whys = advice.try_cache(backend, config, run_.manifest, rates, steps)
+        tried, text, whys = advice.try_cache(backend, config, run_.dataset, rates, steps)
         tried += advice.try_autotune_off(backend, config, rates, steps, fill)
         whys[advice.AUTOTUNE_OFF] = advice.AUTOTUNE_WHY
-        text += advice.input_text(config, run_.manifest, stages)
+        text += advice.input_text(config, run_.dataset, stages)
     else:
         tried = advice.try_steps_per_execution(config, rates, model_alone)
         text, whys = [], {t.change: advice.SPE_WHY for t in tried}

@@ -81,14 +81,14 @@ def try_cache(backend, config, manifest: dict, rates: measure.Rates, steps: int,
     from tftrain.host import available_memory
     from tftrain.errors import DataError
 
-    split = manifest["splits"][config.data.train_split]
-    examples = split["num_examples"]
+    split = manifest.splits[config.data.train_split]
+    examples = split.num_examples
     fill_seconds = examples / rates.input_alone
     free = available_memory()
     candidates = {"decoded": ("no reading, parsing or decoding after the first epoch",
                               examples * measure.example_bytes(config)),
                   "records": ("no file reads after the first epoch",
-                              sum(s.get("bytes", 0) for s in split.get("shards", [])))}
+                              split.bytes)}
     order = {"none": ["decoded", "records"], "records": ["decoded"]}.get(config.data.cache, [])
     tried, text, whys = [], [], {}
     for mode in order:
@@ -137,19 +137,18 @@ def try_autotune_off(backend, config, rates: measure.Rates, steps: int,
     return [Trial(AUTOTUNE_OFF, "input alone", rates.input_alone, rate)]
 
 
-def input_text(config, manifest: dict, stages: list[stages_lib.Stage]) -> list[Suggestion]:
+def input_text(config, manifest, stages: list[stages_lib.Stage]) -> list[Suggestion]:
     """Advice for the costliest input stage that the doctor cannot try in this process."""
     worst = stages_lib.costliest(stages)
     part = f"{worst.name} is {stages_lib.share(worst, stages):.0%} of the input's time"
-    split = manifest["splits"][config.data.train_split]
-    files = len(split.get("shards", []))
+    files = len(manifest.splits[config.data.train_split].shards)
     text = []
     if worst.name == "read" and files and files < PARALLEL_FILES:
         text.append(Suggestion(
             f"more shards (tftrain convert --num_shards={PARALLEL_FILES})",
             f"{part}, and the {files} shard file(s) of split {config.data.train_split!r} are all "
             f"the reader can read in parallel (up to {PARALLEL_FILES})"))
-    if worst.name == "decode" and "image/encoded" in manifest.get("features", {}):
+    if worst.name == "decode" and "image/encoded" in manifest.features:
         text.append(Suggestion(
             "image_encoding=raw (when converting)",
             f"{part}: images stored as raw pixels are not decoded at all"))

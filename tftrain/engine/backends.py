@@ -55,8 +55,9 @@ class Backend(Protocol):
     def evaluation_data(self, config: config_lib.Config, split: str, *, for_fit: bool = False):
         """`split` for `fit`'s validation (`for_fit`) or for a final evaluation."""
 
-    def validation_steps(self, config: config_lib.Config, manifest: dict) -> int | None:
-        """`fit`'s `validation_steps` (None: the whole split)."""
+    def validation_steps(self, config: config_lib.Config, dataset) -> int | None:
+        """`fit`'s `validation_steps` over `dataset` (a typed `manifest.Manifest`; None: the
+        whole split)."""
 
     def build(self, config: config_lib.Config, manifest: dict, plan) -> tuple:
         """`(model, trainer)` built and compiled: `trainer` is what `fit` trains, `model` is what
@@ -199,7 +200,7 @@ class StrategyBackend:
                                        drop_remainder=self.name == "tpu",  # static shapes
                                        **foreign.load_kwargs(config.data))
 
-    def validation_steps(self, config: config_lib.Config, manifest: dict):
+    def validation_steps(self, config: config_lib.Config, dataset):
         """`fit`'s `validation_steps`: None, each validation reads the whole split."""
         return None
 
@@ -273,9 +274,9 @@ class DTensorBackend:
         return reader.load(config.data.dir, split, config.data.batch_size, training=False,
                            **foreign.load_kwargs(config.data))
 
-    def validation_steps(self, config: config_lib.Config, manifest: dict) -> int:
+    def validation_steps(self, config: config_lib.Config, dataset) -> int:
         """The full global batches of the evaluation split (the DTensor dataset repeats)."""
-        examples = manifest["splits"][config.data.eval_split]["num_examples"]
+        examples = dataset.examples(config.data.eval_split)
         return max(1, examples // config.data.batch_size)
 
     def build(self, config: config_lib.Config, manifest: dict, plan):

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import tensorflow as tf
 import tf_keras as keras
-from tf_keras.src.engine import data_adapter
 
 
 class GradAccumModel(keras.Model):
@@ -31,7 +30,7 @@ class GradAccumModel(keras.Model):
         return self.inner(inputs, training=training)
 
     def train_step(self, data):
-        x, y, sample_weight = data_adapter.unpack_x_y_sample_weight(data)
+        x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
         k = self.steps
         size = tf.shape(tf.nest.flatten(x)[0])[0]
         tf.debugging.assert_equal(

@@ -38,6 +38,11 @@ class Run:
     policy: str  # the precision policy's name
 
     @property
+    def dataset(self) -> manifest_lib.Manifest:
+        """The manifest, typed."""
+        return manifest_lib.typed(self.manifest)
+
+    @property
     def examples_per_step(self) -> int:
         """Examples one optimizer update consumes: the global batch x `grad_accum_steps`."""
         return self.config.data.batch_size * self.config.train.grad_accum_steps
@@ -68,7 +73,7 @@ def prepare(config: config_lib.Config, backend: Backend, *, convert_data: bool =
 def plan_for(config: config_lib.Config, manifest: dict) -> StepPlan:
     """The run's step plan over its training split; a split smaller than one step is an error
     (the training input drops partial batches: it would be empty)."""
-    examples = manifest["splits"][config.data.train_split]["num_examples"]
+    examples = manifest_lib.typed(manifest).examples(config.data.train_split)
     per_step = config.data.batch_size * config.train.grad_accum_steps
     if examples < per_step:
         raise DataError(f"split {config.data.train_split!r} of {config.data.dir} has {examples} "

@@ -85,7 +85,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     history = trainer.fit(train_data, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
                           validation_data=backend.evaluation_data(config, config.data.eval_split,
                                                                   for_fit=True),
-                          validation_steps=backend.validation_steps(config, run_.manifest),
+                          validation_steps=backend.validation_steps(config, run_.dataset),
                           callbacks=callbacks, verbose=1 if sys.stdout.isatty() else 2)
     trained = backend.trained_model(model, trainer, run_.task)  # DTensor: gathered into `model`
     validation = {k[4:]: float(v[-1]) for k, v in history.history.items() if k.startswith("val_")}

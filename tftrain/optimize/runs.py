@@ -15,7 +15,8 @@ from absl import logging
 from tftrain import config as config_lib
 from tftrain import data as data_lib
 from tftrain import run_dir, tasks
-from tftrain.engine import export, optimizers, train
+from tftrain.engine import export, train
+from tftrain.training import optimizers
 from tftrain.runtime import cluster, distribute
 from tftrain.data import foreign, reader
 from tftrain.errors import ConfigError, TftrainError

@@ -139,16 +139,17 @@ def read_manifest(config, report: Report, convert_data: bool = True) -> dict | N
                                    "is empty)", f"convert it first: `tftrain convert --pipeline="
                                    f"{data.pipeline} --input=... --output={data.dir}`")])
         return None
-    splits = manifest.get("splits", {})
+    manifest = manifest_lib.typed(manifest)
     wanted = dict.fromkeys((data.train_split, data.eval_split, data.test_split))
-    missing = [s for s in wanted if s not in splits]
-    counts = ", ".join(f"{name} {info.get('num_examples', '?')}" for name, info in splits.items())
+    missing = [s for s in wanted if s not in manifest.splits]
+    counts = ", ".join(f"{name} {'?' if split.num_examples is None else split.num_examples}"
+                       for name, split in manifest.splits.items())
     if missing:
         report.extend([Finding(ERROR, "data", f"data.dir={data.dir} has no split "
                                f"{', '.join(map(repr, missing))} (it has: {counts})",
                                "set data.train_split/eval_split/test_split to existing splits, "
                                "or convert with --splits=...")])
         return None
-    report.extend([Finding(OK, "data", f"data.dir={data.dir}: pipeline {manifest.get('pipeline')}, "
+    report.extend([Finding(OK, "data", f"data.dir={data.dir}: pipeline {manifest.pipeline}, "
                            f"splits {counts}")])
     return manifest

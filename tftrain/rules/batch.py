@@ -49,15 +49,15 @@ def split(config, target: Target) -> Finding:
     return Finding(OK, FAMILY, what)
 
 
-def steps_per_execution(config, manifest: dict | None) -> Finding:
+def steps_per_execution(config, manifest) -> Finding:
     """What `train.steps_per_execution` means on a TPU: host round trips per epoch."""
     steps = config.train.steps_per_execution
     key = f"train.steps_per_execution={steps}"
     epoch = ""
-    count = (manifest or {}).get("splits", {}).get(config.data.train_split, {}).get("num_examples")
-    if count is not None:
-        plan = plan_steps(config.train, count,
-                                config.data.batch_size * config.train.grad_accum_steps)
+    split = manifest.splits.get(config.data.train_split) if manifest else None
+    if split is not None and split.num_examples is not None:
+        plan = plan_steps(config.train, split.num_examples,
+                          config.data.batch_size * config.train.grad_accum_steps)
         calls = -(-plan.steps_per_epoch // steps)
         epoch = (f"; an epoch of {plan.steps_per_epoch} steps takes {calls} host "
                  f"call{'s' if calls != 1 else ''}")
@@ -67,12 +67,12 @@ def steps_per_execution(config, manifest: dict | None) -> Finding:
     return Finding(OK, FAMILY, f"{key}: one host call runs {steps} TPU steps{epoch}")
 
 
-def partial_batches(config, manifest: dict) -> list[Finding]:
+def partial_batches(config, manifest) -> list[Finding]:
     """The validation and test splits under `drop_remainder=True` (TPU: static shapes)."""
     findings = []
     batch = config.data.batch_size
     for split in dict.fromkeys((config.data.eval_split, config.data.test_split)):
-        count = manifest.get("splits", {}).get(split, {}).get("num_examples")
+        count = manifest.splits[split].num_examples if split in manifest.splits else None
         if count is None:
             continue  # a missing split is reported by the data check
         full, dropped = divmod(count, batch)

@@ -39,6 +39,7 @@ from typing import IO, Optional
 
 from absl import logging
 
+from tftrain.host import die_with_parent
 from tftrain.runtime import cluster
 
 LAUNCHER = "[launch]"
@@ -237,7 +238,7 @@ class Launcher:
         core = cpus[index % len(cpus)] if self.pin_cpus else None
 
         def preexec():  # runs in the child, before it starts Python
-            _die_with_parent()
+            die_with_parent()
             if core is not None:
                 os.sched_setaffinity(0, {core})
 
@@ -363,16 +364,6 @@ class Launcher:
 
 def _last_lines_of(workers: list[Worker]) -> str:
     return "\n".join(f"  worker {w.index}, last lines:\n{w.last_lines()}" for w in workers)
-
-
-def _die_with_parent() -> None:
-    """Linux: the worker gets SIGKILL if the launcher itself is killed (no orphaned workers)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:

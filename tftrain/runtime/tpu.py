@@ -21,6 +21,7 @@ from tftrain.rules.report import Target
 def check_ready(config: config_lib.Config, strategy) -> list[str]:
     """Checks a TPU run before it starts (no-op for other strategies); returns the advice given."""
     from tftrain.data import foreign
+    from tftrain.data import manifest as manifest_lib
     from tftrain.runtime.distribute import strategy_name
 
     if strategy_name(strategy) != "tpu":
@@ -28,7 +29,8 @@ def check_ready(config: config_lib.Config, strategy) -> list[str]:
     target = Target("tpu", strategy.num_replicas_in_sync, tpu=config.runtime.tpu or "local")
     # Foreign TFRecords (data.format=tfrecord) would be counted again: their partial batches
     # are not checked here.
-    manifest = foreign.read_manifest(config.data) if config.data.format != "tfrecord" else None
+    manifest = (manifest_lib.typed(foreign.read_manifest(config.data))
+                if config.data.format != "tfrecord" else None)
     findings = batch.check(config, target, manifest)
     # One replica's training dataset, built as training builds it (in a throwaway graph: the
     # pipeline's ops are read, none is run).
