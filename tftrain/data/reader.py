@@ -1,6 +1,7 @@
 """`load`: a fast `tf.data` input pipeline over a tftrain TFRecord dataset."""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import tensorflow as tf
@@ -209,8 +210,78 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     `last_stage` (one of STAGES) truncates the pipeline: "read" yields batches of serialized
     records, "parse" their parsed features, "decode" (the default) `(inputs, label)`.
     """
-    if last_stage not in STAGES:
-        raise DataError(f"last_stage={last_stage!r} is not one of {', '.join(STAGES)}")
+    options = ReadOptions(
+        training=training, shuffle_buffer=shuffle_buffer, cache=cache,
+        drop_remainder=training if drop_remainder is None else drop_remainder, repeat=repeat,
+        seed=seed, deterministic=True if deterministic is None else deterministic,
+        last_stage=last_stage, start_batch=start_batch, autotune=autotune,
+        service_address=service_address, service_mode=service_mode)
+    options.check()
+    source = open_split(data_dir, split, pipeline, pipeline_options, info, trusted_pipeline)
+    share = Share.of(source.files, input_context, split)
+    for file in share.files:  # before any TensorFlow reader opens them (`dataset_files`)
+        dataset_files.check(file, source.directory, source.sizes.get(file))
+    parse_and_decode = batch_decoder(
+        parse_spec(source.manifest.get("features") or source.pipeline.features(source.info)),
+        source.pipeline, source.info, last_stage)
+    if training and options.seed is None:  # a random order (repeatable under TF's global seed)
+        options = dataclasses.replace(options, seed=int(tf.random.uniform([], 1, 2**31 - 1,
+                                                                          tf.int64)))
+    examples = _examples(options, share, source, parse_and_decode, batch_size)
+    dataset = examples.batch(batch_size, drop_remainder=options.drop_remainder)
+    dataset = _with_known_size(dataset, options, source, input_context, batch_size)
+    if cache != "decoded":
+        dataset = dataset.map(parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE,
+                              deterministic=options.deterministic)
+    return _finished(dataset, options, input_context)
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadOptions:
+    """`load`'s options, resolved (`drop_remainder` and `deterministic` no longer None)."""
+
+    training: bool
+    shuffle_buffer: int = 10_000
+    cache: str = "none"
+    drop_remainder: bool = False
+    repeat: bool = False
+    seed: int | None = None
+    deterministic: bool = True
+    last_stage: str = "decode"
+    start_batch: int = 0
+    autotune: bool = True
+    service_address: str = ""
+    service_mode: str = "parallel_epochs"
+
+    def check(self) -> None:
+        """Raises DataError for an option no pipeline can have."""
+        if self.last_stage not in STAGES:
+            raise DataError(f"last_stage={self.last_stage!r} is not one of {', '.join(STAGES)}")
+        if self.cache not in CACHE_MODES:
+            raise DataError(f"cache={self.cache!r} is not one of {', '.join(CACHE_MODES)}")
+        if self.start_batch and not (self.training and self.repeat):
+            raise DataError("start_batch needs a repeated training input (training=True, "
+                            "repeat=True)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """What is read: the split's files, the manifest (or what stands in for it), the pipeline."""
+
+    files: list
+    manifest: dict
+    directory: str | None  # the dataset directory (None: other tools' TFRecords)
+    sizes: dict  # file -> its size in bytes, as the manifest records it
+    pipeline: object
+    info: dict
+    record_counts: list  # per file, None where unknown
+    num_examples: int | None  # of the split, None when unknown
+
+
+def open_split(data_dir: str, split: str, pipeline: str | None, pipeline_options: dict | None,
+               info: dict | None, trusted_pipeline: str | None) -> Source:
+    """The split's `Source`: a tftrain dataset's manifest and shards, or (with `pipeline` and
+    no dataset.json) other tools' TFRecords matched by `data_dir` as a pattern."""
     if pipeline and not manifest_lib.exists(data_dir):
         files = foreign_files(data_dir, split)
         manifest = {"pipeline": pipeline, "info": info or {}}
@@ -220,103 +291,127 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
         files = manifest_lib.shard_files(data_dir, manifest, split)
         directory, sizes = data_dir, manifest_lib.shard_sizes(data_dir, manifest, split)
     OPENED[data_dir] = "splits" in manifest
-    info = manifest.get("info", {})
-    pipeline = dataset_pipeline(manifest["pipeline"], pipeline, trusted_pipeline,
-                                **(pipeline_options or {}))
-    if drop_remainder is None:
-        drop_remainder = training
-    if deterministic is None:
-        deterministic = True
+    chosen = dataset_pipeline(manifest["pipeline"], pipeline, trusted_pipeline,
+                              **(pipeline_options or {}))
+    entry = manifest.get("splits", {}).get(split, {})
+    counts = [shard.get("num_examples") for shard in entry.get("shards", [{}] * len(files))]
+    return Source(files, manifest, directory, sizes, chosen, manifest.get("info", {}), counts,
+                  entry.get("num_examples"))
 
-    num_pipelines = input_context.num_input_pipelines if input_context else 1
-    pipeline_id = input_context.input_pipeline_id if input_context else 0
-    by_file = len(files) >= num_pipelines  # else every pipeline reads all files, every n-th record
-    if not by_file:
-        logging.warning(
-            "split %r has %d shard files for %d input pipelines: sharding by example (every "
-            "worker reads all files). Convert with --num_shards >= %d to shard by file.",
-            split, len(files), num_pipelines, num_pipelines)
-    own_files = files[pipeline_id::num_pipelines] if by_file else files
-    for file in own_files:  # before any TensorFlow reader opens them (`dataset_files`)
-        dataset_files.check(file, directory, sizes.get(file))
-    parse_and_decode = batch_decoder(parse_spec(manifest.get("features") or pipeline.features(info)),
-                                     pipeline, info, last_stage)
 
-    def read(file_seed=None, reshuffle=False) -> tf.data.Dataset:
-        """This pipeline's serialized records, its files in order or shuffled by `file_seed`."""
-        dataset = tf.data.Dataset.from_tensor_slices(own_files)
-        if file_seed is not None:
-            dataset = dataset.shuffle(len(own_files), seed=file_seed,
-                                      reshuffle_each_iteration=reshuffle)
-        # Each file is read RECORDS_PER_READ records at a time and unbatched: the parallel
-        # interleave then hands over one element per 64 records (cheaper than one per record).
-        dataset = dataset.interleave(
-            lambda file: tf.data.TFRecordDataset(file).batch(RECORDS_PER_READ),
-            cycle_length=min(len(own_files), 16) or 1, num_parallel_calls=tf.data.AUTOTUNE,
-            deterministic=deterministic).unbatch()
-        return dataset if by_file else dataset.shard(num_pipelines, pipeline_id)
+@dataclasses.dataclass(frozen=True)
+class Share:
+    """The files one input pipeline reads: whole files when there are at least as many as input
+    pipelines (`by_file`), else all of them, keeping every n-th record."""
 
-    if cache not in CACHE_MODES:
-        raise DataError(f"cache={cache!r} is not one of {', '.join(CACHE_MODES)}")
-    if training and seed is None:  # a random order (repeatable under TF's global seed)
-        seed = int(tf.random.uniform([], 1, 2**31 - 1, tf.int64))
-    if cache == "none":
-        source = read
-    else:  # one file order, kept in memory; training reshuffles the records
-        kept = read(order.pass_seed(seed, 0) if training else None)
-        if cache == "decoded":  # decoded in batches as usual, then kept one example at a time
-            kept = kept.batch(RECORDS_PER_READ).map(
-                parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE, deterministic=deterministic)
-            kept = kept.unbatch()
-            check_fixed_shapes(kept, pipeline.name)
-        kept = kept.cache()
+    files: list
+    by_file: bool
+    num_pipelines: int
+    pipeline_id: int
 
-        def source(file_seed=None, reshuffle=False) -> tf.data.Dataset:
-            return kept
+    @classmethod
+    def of(cls, files: list, input_context, split: str) -> Share:
+        """The share of the pipeline `input_context` names (all files without one)."""
+        num_pipelines = input_context.num_input_pipelines if input_context else 1
+        pipeline_id = input_context.input_pipeline_id if input_context else 0
+        by_file = len(files) >= num_pipelines
+        if not by_file:
+            logging.warning(
+                "split %r has %d shard files for %d input pipelines: sharding by example (every "
+                "worker reads all files). Convert with --num_shards >= %d to shard by file.",
+                split, len(files), num_pipelines, num_pipelines)
+        own = files[pipeline_id::num_pipelines] if by_file else files
+        return cls(own, by_file, num_pipelines, pipeline_id)
+
+
+def _records(share: Share, deterministic: bool, file_seed=None,
+             reshuffle: bool = False) -> tf.data.Dataset:
+    """The share's serialized records, its files in order or shuffled by `file_seed`."""
+    dataset = tf.data.Dataset.from_tensor_slices(share.files)
+    if file_seed is not None:
+        dataset = dataset.shuffle(len(share.files), seed=file_seed,
+                                  reshuffle_each_iteration=reshuffle)
+    # Each file is read RECORDS_PER_READ records at a time and unbatched: the parallel
+    # interleave then hands over one element per 64 records (cheaper than one per record).
+    dataset = dataset.interleave(
+        lambda file: tf.data.TFRecordDataset(file).batch(RECORDS_PER_READ),
+        cycle_length=min(len(share.files), 16) or 1, num_parallel_calls=tf.data.AUTOTUNE,
+        deterministic=deterministic).unbatch()
+    return dataset if share.by_file else dataset.shard(share.num_pipelines, share.pipeline_id)
+
+
+def _examples(options: ReadOptions, share: Share, source: Source, parse_and_decode,
+              batch_size: int) -> tf.data.Dataset:
+    """The examples in reading order, before batching: records (or, with `cache=decoded`,
+    decoded examples), cached, shuffled per pass and streamed from `start_batch` as asked."""
+    read = _cached_source(options, share, source, parse_and_decode)
 
     def one_pass(index, reshuffle=False) -> tf.data.Dataset:
         """Training pass `index`: files and records shuffled with the pass's own seed."""
-        pass_seed = order.pass_seed(seed, index)
-        return source(pass_seed, reshuffle).shuffle(shuffle_buffer, seed=pass_seed,
-                                                    reshuffle_each_iteration=reshuffle)
+        pass_seed = order.pass_seed(options.seed, index)
+        return read(pass_seed, reshuffle).shuffle(options.shuffle_buffer, seed=pass_seed,
+                                                  reshuffle_each_iteration=reshuffle)
 
-    if start_batch and not (training and repeat):
-        raise DataError("start_batch needs a repeated training input (training=True, repeat=True)")
-    if training and repeat:
-        counts = [shard.get("num_examples") for shard in
-                  manifest.get("splits", {}).get(split, {}).get("shards", [{}] * len(files))]
-        dataset = order.stream(one_pass, start_batch * batch_size,
-                               lambda: order.records_per_pipeline(
-                                   counts, files, num_pipelines, pipeline_id, by_file))
-    elif training:  # one pass, reshuffled each time it is iterated
-        dataset = one_pass(0, reshuffle=True)
-    else:
-        dataset = source()
-        if repeat:
-            dataset = dataset.repeat()
-    dataset = dataset.batch(batch_size, drop_remainder=drop_remainder)
-    num_examples = manifest.get("splits", {}).get(split, {}).get("num_examples")
-    if num_examples is not None and not repeat and not (input_context and input_context.num_input_pipelines > 1):
-        # A known size lets Keras evaluate with steps_per_execution > 1 without a step count.
-        batches = num_examples // batch_size if drop_remainder else -(-num_examples // batch_size)
-        dataset = dataset.apply(tf.data.experimental.assert_cardinality(batches))
-    if cache != "decoded":
-        dataset = dataset.map(parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE,
-                              deterministic=deterministic)
-    if service_address:  # everything above runs on the tf.data service workers
+    if options.training and options.repeat:
+        return order.stream(one_pass, options.start_batch * batch_size,
+                            lambda: order.records_per_pipeline(
+                                source.record_counts, source.files, share.num_pipelines, share.pipeline_id,
+                                share.by_file))
+    if options.training:  # one pass, reshuffled each time it is iterated
+        return one_pass(0, reshuffle=True)
+    dataset = read()
+    return dataset.repeat() if options.repeat else dataset
+
+
+def _cached_source(options: ReadOptions, share: Share, source: Source, parse_and_decode):
+    """`read(file_seed=None, reshuffle=False)`: the share's records, read from the files each
+    time, or (with `cache`) in one file order kept in memory after the first pass (training
+    reshuffles the records)."""
+    if options.cache == "none":
+        return lambda file_seed=None, reshuffle=False: _records(
+            share, options.deterministic, file_seed, reshuffle)
+    kept = _records(share, options.deterministic,
+                    order.pass_seed(options.seed, 0) if options.training else None)
+    if options.cache == "decoded":  # decoded in batches as usual, then kept one at a time
+        kept = kept.batch(RECORDS_PER_READ).map(
+            parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=options.deterministic).unbatch()
+        check_fixed_shapes(kept, source.pipeline.name)
+    kept = kept.cache()
+    return lambda file_seed=None, reshuffle=False: kept
+
+
+def _with_known_size(dataset: tf.data.Dataset, options: ReadOptions, source: Source,
+                     input_context, batch_size: int) -> tf.data.Dataset:
+    """`dataset` with its number of batches asserted when the manifest knows it (a known size
+    lets Keras evaluate with steps_per_execution > 1 without a step count)."""
+    num_examples = source.num_examples
+    sharded = input_context is not None and input_context.num_input_pipelines > 1
+    if num_examples is None or options.repeat or sharded:
+        return dataset
+    batches = (num_examples // batch_size if options.drop_remainder
+               else -(-num_examples // batch_size))
+    return dataset.apply(tf.data.experimental.assert_cardinality(batches))
+
+
+def _finished(dataset: tf.data.Dataset, options: ReadOptions, input_context) -> tf.data.Dataset:
+    """The tf.data service (everything above runs on its workers), the dataset's options, and
+    prefetching."""
+    if options.service_address:
         from tftrain.data import service as data_service
 
-        dataset = data_service.distribute(dataset, service_address, service_mode)
-    options = tf.data.Options()
+        dataset = data_service.distribute(dataset, options.service_address, options.service_mode)
+    tf_options = tf.data.Options()
     # Parallelism comes from the parallel interleave and map (and the decode loop); intra-op
     # thread pools only add hand-offs to the many small ops of an input pipeline.
-    options.threading.max_intra_op_parallelism = 1
-    options.deterministic = deterministic
-    if not autotune:  # AUTOTUNE then takes TF's fixed defaults (parallel calls: the cores)
-        options.autotune.enabled = False
+    tf_options.threading.max_intra_op_parallelism = 1
+    tf_options.deterministic = options.deterministic
+    if not options.autotune:  # AUTOTUNE then takes TF's fixed defaults (parallel calls: the cores)
+        tf_options.autotune.enabled = False
     if input_context is not None:  # sharded above: the strategy must not shard again
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+        tf_options.experimental_distribute.auto_shard_policy = (
+            tf.data.experimental.AutoShardPolicy.OFF)
+    return dataset.with_options(tf_options).prefetch(tf.data.AUTOTUNE)
 
 
 def check_fixed_shapes(dataset: tf.data.Dataset, pipeline_name: str) -> None:
@@ -363,12 +458,9 @@ def load_distributed(strategy: tf.distribute.Strategy, data_dir: str, split: str
 def _shard_by_example_across_workers(dataset: tf.data.Dataset) -> tf.data.Dataset:
     """Multi-worker evaluation: shard by example (DATA), which works with any number of files.
 
-    Automatic FILE sharding fails outright when a split has fewer files than workers.
+    Automatic FILE sharding fails outright when a split has fewer files than workers. The policy
+    is set whatever the number of workers: a strategy with one input worker shards nothing.
     """
-    from tftrain.runtime import cluster
-
-    if cluster.num_workers() <= 1:
-        return dataset
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return dataset.with_options(options)
