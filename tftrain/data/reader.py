@@ -443,7 +443,7 @@ def load_distributed(strategy: tf.distribute.Strategy, data_dir: str, split: str
                         "choose a multiple of the replica count")
     if not training:
         dataset = load(data_dir, split, global_batch_size, training, **kwargs)
-        return _shard_by_example_across_workers(dataset)
+        return _shard_by_example_across_workers(dataset, input_workers(strategy))
 
     def dataset_fn(input_context: tf.distribute.InputContext) -> tf.data.Dataset:
         # Each step takes one batch per replica, consecutive batches of its worker's pipeline.
@@ -455,12 +455,30 @@ def load_distributed(strategy: tf.distribute.Strategy, data_dir: str, split: str
     return strategy.distribute_datasets_from_function(dataset_fn)
 
 
-def _shard_by_example_across_workers(dataset: tf.data.Dataset) -> tf.data.Dataset:
+def input_workers(strategy: tf.distribute.Strategy) -> int:
+    """How many workers run an input pipeline of `strategy`, read from its public API: in a
+    multi-worker run the cluster's workers (chief included), as `tftrain.runtime.cluster`
+    counts them; 1 on one machine.
+
+    Only a strategy with a cluster resolver can span workers. MultiWorkerMirroredStrategy runs
+    one program per worker, each with the same number of local devices (`worker_devices`), so
+    its replicas over those devices is the worker count. TPUStrategy's `worker_devices` are all
+    of its replicas (one program feeds every host): 1, as before.
+    """
+    if strategy.cluster_resolver is None:  # default, one-device and mirrored strategies
+        return 1
+    return max(1, strategy.num_replicas_in_sync // max(1, len(strategy.extended.worker_devices)))
+
+
+def _shard_by_example_across_workers(dataset: tf.data.Dataset, workers: int) -> tf.data.Dataset:
     """Multi-worker evaluation: shard by example (DATA), which works with any number of files.
 
-    Automatic FILE sharding fails outright when a split has fewer files than workers. The policy
-    is set whatever the number of workers: a strategy with one input worker shards nothing.
+    Automatic FILE sharding fails outright when a split has fewer files than workers. On one
+    worker (`workers`, see `input_workers`) the dataset is left as it is: there is nothing to
+    shard, and TensorFlow would still rewrite a DATA-sharded pipeline's per-replica rebatching.
     """
+    if workers <= 1:
+        return dataset
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
     return dataset.with_options(options)

@@ -10,6 +10,8 @@ Layout inside a run directory:
 """
 from __future__ import annotations
 
+import dataclasses
+
 import tensorflow as tf
 
 from tftrain.fileio import join, read_json, write_json
@@ -27,8 +29,11 @@ def quantized_report_path(run_dir: str, mode: str, source: str = "export") -> st
     return join(run_dir, QUANTIZED, f"report_{model_name(mode, source)}.json")
 
 
-def write_quantized_report(run_dir: str, report: dict) -> str:
-    """Writes `report` to its own file and to `quantized/report.json`; returns the first path."""
+def write_quantized_report(run_dir: str, report: QuantizeReport | dict) -> str:
+    """Writes `report` (a `QuantizeReport`, or its JSON) to its own file and to
+    `quantized/report.json`; returns the first path."""
+    if isinstance(report, QuantizeReport):
+        report = report.to_json()
     tf.io.gfile.makedirs(join(run_dir, QUANTIZED))
     path = quantized_report_path(run_dir, report["mode"], report["source"])
     write_json(path, report)
@@ -45,6 +50,185 @@ def _read_if_exists(path: str) -> dict | None:
 # times were measured with.
 MEASURED = ("tflite_bytes", "gzip_bytes", "latency_ms", "throughput_ms_per_example")
 TIMING_SETTINGS = ("latency_batch_size", "throughput_batch_size", "num_threads")
+# What `tflite_eval.evaluate_tflite` returns besides the task's metrics.
+EVALUATED = ("latency_ms", "latency_batch_size", "num_threads", "num_examples", "tflite_bytes",
+             "gzip_bytes")
+
+
+@dataclasses.dataclass(frozen=True)
+class TfliteMeasurement:
+    """One .tflite model measured on the evaluation split: the task's metrics (`accuracy`, ...,
+    or `rmse`, ... for regression), its sizes, and its times from one interleaved comparison
+    with the other models of its report (`tflite_eval.compare_latencies`)."""
+
+    path: str
+    metrics: dict  # the task's metrics (`Task.evaluate`)
+    num_examples: int
+    tflite_bytes: int
+    gzip_bytes: int
+    latency_ms: float  # batch 1, a request
+    latency_batch_size: int
+    throughput_ms_per_example: float | None  # None: the model does not run at that batch
+    throughput_batch_size: int
+    num_threads: int
+    cpu: str | None
+
+    @classmethod
+    def of(cls, path: str, evaluated: dict, timed: dict) -> TfliteMeasurement:
+        """From `evaluate_tflite`'s result and the model's entry of `compare_latencies`, whose
+        times and settings replace the evaluation's."""
+        numbers = {**evaluated, **timed}
+        return cls(path=path,
+                   metrics={k: v for k, v in evaluated.items() if k not in EVALUATED},
+                   num_examples=numbers["num_examples"], tflite_bytes=numbers["tflite_bytes"],
+                   gzip_bytes=numbers["gzip_bytes"], latency_ms=numbers["latency_ms"],
+                   latency_batch_size=numbers["latency_batch_size"],
+                   throughput_ms_per_example=numbers["throughput_ms_per_example"],
+                   throughput_batch_size=numbers["throughput_batch_size"],
+                   num_threads=numbers["num_threads"], cpu=numbers["cpu"])
+
+    def to_json(self) -> dict:
+        """An entry of pruned/report.json (`float_tflite`, `tflite`): the metrics' keys beside
+        the path, sizes and times (what `measured_of` reads)."""
+        fields = dataclasses.asdict(self)
+        del fields["metrics"]
+        return {**self.metrics, **fields}
+
+
+@dataclasses.dataclass(frozen=True)
+class KerasMeasurement:
+    """One Keras model measured by `tftrain prune`: the task's metrics on the evaluation split,
+    its weights' sparsity and parameter counts (`prune.sparsity_report`), their gzip size."""
+
+    metrics: dict  # the task's metrics (`Task.evaluate`)
+    sparsity: float
+    pruned_params: int
+    num_params: int
+    nonzero_params: int
+    layers: list  # per layer: params, nonzero_params and, for the pruned ones, sparsity
+    gzip_bytes: int  # sizes.gzip_weights_bytes
+
+
+@dataclasses.dataclass(frozen=True)
+class PruneReport:
+    """pruned/report.json: the settings of the pass, the float model (`before`) and the pruned
+    one (`after`) as Keras models and as .tflite files, and the problems that fail the run."""
+
+    source: str  # the SavedModel pruned
+    split: str  # the evaluation split
+    strategy: str
+    num_replicas: int
+    target_sparsity: float | None  # None under an m:n structure
+    sparsity_m_by_n: str | None
+    schedule: dict  # prune.Schedule as a dict
+    epochs: int
+    steps_per_epoch: int
+    learning_rate: float
+    distill_weight: float  # 0.0 when not distilled
+    distill_temperature: float | None  # None when not distilled
+    task: str
+    measure: str  # the task's gate measure: accuracy, rmse, ...
+    change_name: str  # how the task names `change`: accuracy_drop, metric_change
+    change: float  # how much worse `after` is on `measure` (> 0: worse)
+    before: KerasMeasurement
+    after: KerasMeasurement
+    float_tflite: TfliteMeasurement
+    tflite: TfliteMeasurement
+    unsupported_layers: list
+    min_weights_to_prune: int
+    small_layers: list
+    problems: tuple = ()
+    max_metric_change: float | None = None  # the gate, when one was given
+
+    def to_json(self) -> dict:
+        """The report's JSON: settings, `<measure>_before` / `_after` and the other numbers
+        with a `_before` / `_after` suffix, the pruned model's counts and layers, the change
+        under the task's `change_name`."""
+        before, after, measure = self.before, self.after, self.measure
+        data = {
+            "source": self.source, "split": self.split, "strategy": self.strategy,
+            "num_replicas": self.num_replicas, "target_sparsity": self.target_sparsity,
+            "sparsity_m_by_n": self.sparsity_m_by_n, "schedule": self.schedule,
+            "epochs": self.epochs, "steps_per_epoch": self.steps_per_epoch,
+            "learning_rate": self.learning_rate, "distill_weight": self.distill_weight,
+            "distill_temperature": self.distill_temperature,
+            "sparsity": after.sparsity, "sparsity_before": before.sparsity,
+            "num_params": after.num_params, "pruned_params": after.pruned_params,
+            "nonzero_params_before": before.nonzero_params,
+            "nonzero_params_after": after.nonzero_params,
+            "gzip_bytes_before": before.gzip_bytes, "gzip_bytes_after": after.gzip_bytes,
+            "task": self.task, "measure": measure,
+            f"{measure}_before": before.metrics[measure],
+            f"{measure}_after": after.metrics[measure], self.change_name: self.change,
+            "metrics_before": before.metrics, "metrics_after": after.metrics,
+            "unsupported_layers": self.unsupported_layers,
+            "min_weights_to_prune": self.min_weights_to_prune,
+            "small_layers": self.small_layers, "layers": after.layers,
+            "float_tflite": self.float_tflite.to_json(), "tflite": self.tflite.to_json(),
+            "gzip_ratio": after.gzip_bytes / before.gzip_bytes, "problems": list(self.problems),
+        }
+        if self.max_metric_change is not None:
+            data["max_metric_change"] = self.max_metric_change
+        return data
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizeReport:
+    """quantized/report_<name>.json: one quantized model (`tflite`) against the float
+    conversion of the same SavedModel (`float_tflite`), and the task's gate."""
+
+    mode: str
+    source: str  # export or pruned
+    model: str  # the SavedModel quantized
+    split: str  # the evaluation split
+    task: str
+    measure: str  # the task's gate measure: accuracy, rmse, ...
+    change_name: str  # how the task names `change`: accuracy_drop, metric_change
+    change: float  # how much worse `tflite` is on `measure` (> 0: worse)
+    max_change: float  # the gate
+    metrics: dict  # the task's reported metrics of `tflite` (`Task.evaluate_keys`)
+    float_metrics: dict  # ... and of `float_tflite`
+    tflite: TfliteMeasurement
+    float_tflite: TfliteMeasurement
+    int8_io: bool
+    float_layers: list | None = None  # qat: the layers left float
+    qat_epochs: int | None = None  # qat
+    num_calibration_examples: int | None = None  # int8
+
+    @property
+    def passed(self) -> bool:
+        """Whether the change stays within the gate."""
+        return self.change <= self.max_change + 1e-9
+
+    def to_json(self) -> dict:
+        """The report's JSON: the model's numbers under their own names, the float model's
+        with a `float_` prefix, their ratios, the change and its bound (`max_<change_name>`)."""
+        result, reference, measure = self.tflite, self.float_tflite, self.measure
+        both = result.throughput_ms_per_example and reference.throughput_ms_per_example
+        data = {
+            "mode": self.mode, "source": self.source, "model": self.model, "split": self.split,
+            "tflite_path": result.path, "tflite_bytes": result.tflite_bytes,
+            "gzip_bytes": result.gzip_bytes, "task": self.task, "measure": measure,
+            measure: result.metrics[measure], "latency_ms": result.latency_ms,
+            "throughput_ms_per_example": result.throughput_ms_per_example,
+            **{key: getattr(result, key) for key in TIMING_SETTINGS + ("cpu",)},
+            "num_examples": result.num_examples, "float_tflite_path": reference.path,
+            "float_tflite_bytes": reference.tflite_bytes,
+            "float_gzip_bytes": reference.gzip_bytes,
+            f"float_{measure}": reference.metrics[measure],
+            "float_latency_ms": reference.latency_ms,
+            "float_throughput_ms_per_example": reference.throughput_ms_per_example,
+            self.change_name: self.change, f"max_{self.change_name}": self.max_change,
+            "metrics": self.metrics, "float_metrics": self.float_metrics,
+            "size_ratio": result.tflite_bytes / reference.tflite_bytes,
+            "latency_ratio": result.latency_ms / reference.latency_ms,
+            "throughput_ratio": (result.throughput_ms_per_example
+                                 / reference.throughput_ms_per_example if both else None),
+            "int8_io": self.int8_io, "passed": self.passed,
+        }
+        extras = {"float_layers": self.float_layers, "qat_epochs": self.qat_epochs,
+                  "num_calibration_examples": self.num_calibration_examples}
+        return {**data, **{key: value for key, value in extras.items() if value is not None}}
 
 
 def measured_of(entry: dict, prefix: str = "", measure: str | None = None) -> dict:

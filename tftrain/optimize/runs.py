@@ -125,23 +125,48 @@ def _optimizer_fn(config: config_lib.Config, learning_rate: float | None, steps_
 def _tflite_measure(content: bytes, path: str, eval_data, max_examples: int | None,
                     task) -> dict:
     """Writes a .tflite and evaluates it (the task's metrics) with the interpreter on the
-    evaluation data (its times come from `_add_latencies`)."""
+    evaluation data (its times come from `_timed`)."""
     write_atomic(path, content)
     result = tflite_eval.evaluate_tflite(content, eval_data, task=task, max_examples=max_examples,
                                          latency_rounds=1)
-    return {"path": path, "content": content, **result}
+    return {"path": path, "content": content, "evaluated": result}
 
 
-def _add_latencies(measured: dict, eval_data, num_threads: int) -> None:
-    """Sets each entry's times from one interleaved comparison of all the models: `latency_ms`
-    (batch 1, a request) and `throughput_ms_per_example` (batch `throughput_batch_size`), with
-    their batch sizes, `num_threads` and the `cpu`."""
+def _timed(measured: dict, eval_data, num_threads: int) -> dict[str, report.TfliteMeasurement]:
+    """Each `_tflite_measure` entry as a record, with its times from one interleaved comparison
+    of all the models: `latency_ms` (batch 1, a request) and `throughput_ms_per_example` (batch
+    `throughput_batch_size`), with their batch sizes, `num_threads` and the `cpu`."""
     latencies = tflite_eval.compare_latencies(
         {name: entry["content"] for name, entry in measured.items()}, eval_data,
         num_threads=num_threads)
-    for name, entry in measured.items():
-        entry.update(latencies[name])
-        del entry["content"]
+    return {name: report.TfliteMeasurement.of(entry["path"], entry["evaluated"], latencies[name])
+            for name, entry in measured.items()}
+
+
+def _run_and_task(model_dir: str, strategy_name: str | None):
+    """`(config, task)` of a finished run: its params.yaml (optionally with another strategy)
+    and the task it trained."""
+    config = load_run_config(model_dir, strategy_name)
+    return config, run_task(config)
+
+
+def _output_dir(model_dir: str, name: str) -> str:
+    """`model_dir/name` (pruned/, quantized/), refused when it holds what tftrain did not write."""
+    out = join(model_dir, name)
+    run_dir.check_replaceable(out)
+    return out
+
+
+def _verbosity() -> int:
+    """Keras `fit` verbosity of fine-tuning: a line per epoch when absl logs at INFO."""
+    return 2 if logging.level_info() else 0
+
+
+def _gate_line(task, was: float, now: float, change: float, limit: float) -> str:
+    """Why a model fails the task's gate: its measure against the float model's, and the
+    change against the flag's bound."""
+    return (f"{task.measure} {now:.4f} vs float {was:.4f} ({task.change_name} {change:.4f} > "
+            f"{task.gate_flag}={limit})")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,72 +221,63 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
     options = PruneOptions(target_sparsity, m_by_n, epochs, schedule, learning_rate, min_weights,
                            distill_weight, temperature, max_metric_change)
     options.check()
-    config = load_run_config(model_dir, strategy_name)
-    task = run_task(config)
+    config, task = _run_and_task(model_dir, strategy_name)
     check_gate(task, max_metric_change, "--max_metric_change")
     source = model_path(model_dir, "export")
-    out = join(model_dir, report.PRUNED)
-    run_dir.check_replaceable(out)
+    out = _output_dir(model_dir, report.PRUNED)
     # The strategy comes first: no TensorFlow op may run before it is built.
     strategy = strategy or _strategy(config)
     # One writer per run directory: not while it is trained, pruned or quantized elsewhere.
     with run_dir.lock(model_dir, "tftrain prune", cluster.is_chief(strategy)):
         keras.utils.set_random_seed(config.train.seed)
+        train_data, steps_per_epoch = _train_data(config, strategy)
         split, eval_data = _eval_data(config, split)
+        epochs = options.epochs or prune.finetune_epochs(steps_per_epoch)
         model = load_keras_model(source, allow_python=allow_python)
-        pruned = _prune(model, config, task, options, strategy, eval_data)
-        _export(pruned.result.model, out, strategy)
-        if not cluster.is_chief(strategy):
-            return {"sparsity": pruned.after["sparsity"],
-                    f"{task.measure}_after": pruned.measured_after[task.measure]}
-        tflite = {name: _tflite_measure(quantize.convert(m, "float"), join(out, f"{name}.tflite"),
-                                        eval_data, max_eval_examples, task)
-                  for name, m in (("float", model), ("model", pruned.result.model))}
-        _add_latencies(tflite, eval_data, num_threads)
-        summary = _pruning_report(pruned, model, config, task, options, strategy, tflite,
-                                  source=source, split=split)
-        write_json(join(out, report.REPORT), summary)
+        before = _keras_measure(model, eval_data, task)
+        result = _prune(model, train_data, config, task, options, strategy,
+                        steps_per_epoch=steps_per_epoch, epochs=epochs)
+        after = _keras_measure(result.model, eval_data, task, result.pruned_weights,
+                               options.structure)
+        _export(result.model, out, strategy)
+        if not cluster.is_chief(strategy):  # multi-worker: the chief measures and reports
+            return {"sparsity": after.sparsity,
+                    f"{task.measure}_after": after.metrics[task.measure]}
+        tflite = _timed({name: _tflite_measure(quantize.convert(m, "float"),
+                                               join(out, f"{name}.tflite"), eval_data,
+                                               max_eval_examples, task)
+                         for name, m in (("float", model), ("model", result.model))},
+                        eval_data, num_threads)
+        summary = _pruning_report(result, before, after, tflite, config, task, options, strategy,
+                                  source=source, split=split, steps_per_epoch=steps_per_epoch,
+                                  epochs=epochs)
+        write_json(join(out, report.REPORT), summary.to_json())
         logging.info("pruned model and report in %s", out)
-        if summary["problems"]:
-            raise TftrainError(f"pruning missed its target ({'; '.join(summary['problems'])}); "
-                               f"the report is in {out}/{report.REPORT}. Fine-tune longer "
-                               "(--epochs), prune less, or check the layers named.")
-        return summary
+        _prune_gate(summary, out)
+        return summary.to_json()
 
 
-@dataclasses.dataclass(frozen=True)
-class Pruned:
-    """A pruning pass and what it measured: the pruned model (`result`), sparsity reports and
-    the task's metrics before and after, and the fine-tuning it took."""
-
-    result: object  # prune.PruneResult
-    before: dict
-    after: dict
-    measured_before: dict
-    measured_after: dict
-    epochs: int
-    steps_per_epoch: int
+def _keras_measure(model, eval_data, task, pruned_weights: set[str] | None = None,
+                   structure=None) -> report.KerasMeasurement:
+    """A Keras model's sparsity (`pruned_weights`: the weights it counts; `structure`: the m:n
+    structure to check), the task's metrics on the evaluation data, its weights' gzip size."""
+    sparsity = prune.sparsity_report(model, pruned_weights, structure)
+    return report.KerasMeasurement(metrics=metrics.keras_metrics(model, eval_data, task),
+                                   gzip_bytes=sizes.gzip_weights_bytes(model), **sparsity)
 
 
-def _prune(model, config: config_lib.Config, task, options: PruneOptions, strategy,
-           eval_data) -> Pruned:
-    """Measures `model`, prunes it while fine-tuning on the run's training input, measures it
-    again."""
-    train_data, steps_per_epoch = _train_data(config, strategy)
-    epochs = options.epochs or prune.finetune_epochs(steps_per_epoch)
-    before = prune.sparsity_report(model)
-    measured_before = metrics.keras_metrics(model, eval_data, task)
-    result = prune.prune_model(
+def _prune(model, train_data, config: config_lib.Config, task, options: PruneOptions, strategy,
+           *, steps_per_epoch: int, epochs: int) -> prune.PruneResult:
+    """Prunes a clone of `model` while fine-tuning it for `epochs` on the run's training input
+    with the task's loss and the run's optimizer."""
+    return prune.prune_model(
         model, train_data, steps_per_epoch=steps_per_epoch, epochs=epochs,
         target_sparsity=options.target_sparsity, m_by_n=options.structure,
         schedule=options.schedule, min_weights=options.min_weights,
         distill_weight=options.distill_weight, temperature=options.temperature,
         loss=finetune.training_loss(model, task),
         optimizer_fn=_optimizer_fn(config, options.learning_rate, steps_per_epoch, epochs),
-        strategy=strategy, verbose=2 if logging.level_info() else 0)
-    after = prune.sparsity_report(result.model, result.pruned_weights, options.structure)
-    return Pruned(result, before, after, measured_before,
-                  metrics.keras_metrics(result.model, eval_data, task), epochs, steps_per_epoch)
+        strategy=strategy, verbose=_verbosity())
 
 
 def _export(model, out: str, strategy) -> None:
@@ -272,97 +288,39 @@ def _export(model, out: str, strategy) -> None:
     cluster.cleanup(written, out)
 
 
-def _pruning_report(pruned: Pruned, model, config: config_lib.Config, task,
-                    options: PruneOptions, strategy, tflite: dict, *, source: str,
-                    split: str) -> dict:
-    """pruned/report.json: the settings, the sparsity, sizes and the task's measure before and
-    after, the layers, both TFLite measurements, and the problems that fail the run."""
-    measure, result, after, before = task.measure, pruned.result, pruned.after, pruned.before
-    was, now = pruned.measured_before[measure], pruned.measured_after[measure]
-    summary = {
-        "source": source, "split": split, "strategy": distribute.strategy_name(strategy),
-        "num_replicas": strategy.num_replicas_in_sync,
-        "target_sparsity": None if options.structure else options.target_sparsity,
-        "sparsity_m_by_n": options.m_by_n or None,
-        "schedule": dataclasses.asdict(result.schedule),
-        "epochs": pruned.epochs, "steps_per_epoch": pruned.steps_per_epoch,
-        "learning_rate": fine_tuning_rate(config, options.learning_rate),
-        "distill_weight": options.distill_weight if result.distilled else 0.0,
-        "distill_temperature": options.temperature if result.distilled else None,
-        "sparsity": after["sparsity"], "sparsity_before": before["sparsity"],
-        "num_params": after["num_params"], "pruned_params": after["pruned_params"],
-        "nonzero_params_before": before["nonzero_params"],
-        "nonzero_params_after": after["nonzero_params"],
-        "gzip_bytes_before": sizes.gzip_weights_bytes(model),
-        "gzip_bytes_after": sizes.gzip_weights_bytes(result.model),
-        "task": task.name, "measure": measure, f"{measure}_before": was,
-        f"{measure}_after": now, task.change_name: task.change(was, now),
-        "metrics_before": pruned.measured_before, "metrics_after": pruned.measured_after,
-        "unsupported_layers": result.unsupported_layers,
-        "min_weights_to_prune": options.min_weights, "small_layers": result.small_layers,
-        "layers": after["layers"], "float_tflite": tflite["float"], "tflite": tflite["model"],
-    }
-    summary["gzip_ratio"] = summary["gzip_bytes_after"] / summary["gzip_bytes_before"]
-    summary["problems"] = prune.check_sparsity_reached(after, options.target_sparsity,
-                                                       options.structure)
-    limit = options.max_metric_change
-    if limit is not None:
-        summary["max_metric_change"] = limit
-        if summary[task.change_name] > limit + 1e-9:
-            summary["problems"].append(
-                f"{measure} {now:.4f} vs float {was:.4f} ({task.change_name} "
-                f"{summary[task.change_name]:.4f} > --max_metric_change={limit})")
-    return summary
+def _pruning_report(result: prune.PruneResult, before: report.KerasMeasurement,
+                    after: report.KerasMeasurement, tflite: dict, config: config_lib.Config,
+                    task, options: PruneOptions, strategy, *, source: str, split: str,
+                    steps_per_epoch: int, epochs: int) -> report.PruneReport:
+    """pruned/report.json: the settings, the float and pruned models (Keras and .tflite), and
+    the problems that fail the run: a layer short of its sparsity, a change over the gate."""
+    was, now = before.metrics[task.measure], after.metrics[task.measure]
+    change, limit = task.change(was, now), options.max_metric_change
+    problems = prune.check_sparsity_reached(dataclasses.asdict(after), options.target_sparsity,
+                                            options.structure)
+    if limit is not None and change > limit + 1e-9:
+        problems.append(_gate_line(task, was, now, change, limit))
+    return report.PruneReport(
+        source=source, split=split, strategy=distribute.strategy_name(strategy),
+        num_replicas=strategy.num_replicas_in_sync,
+        target_sparsity=None if options.structure else options.target_sparsity,
+        sparsity_m_by_n=options.m_by_n or None, schedule=dataclasses.asdict(result.schedule),
+        epochs=epochs, steps_per_epoch=steps_per_epoch,
+        learning_rate=fine_tuning_rate(config, options.learning_rate),
+        distill_weight=options.distill_weight if result.distilled else 0.0,
+        distill_temperature=options.temperature if result.distilled else None,
+        task=task.name, measure=task.measure, change_name=task.change_name, change=change,
+        before=before, after=after, float_tflite=tflite["float"], tflite=tflite["model"],
+        unsupported_layers=result.unsupported_layers, min_weights_to_prune=options.min_weights,
+        small_layers=result.small_layers, problems=tuple(problems), max_metric_change=limit)
 
 
-def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
-                 max_accuracy_drop: float = 0.01, max_metric_change: float = 0.05,
-                 int8_io: bool = False, qat_epochs: int = 1,
-                 qat_learning_rate: float | None = None, num_calibration_examples: int = 100,
-                 split: str | None = None, strategy_name: str | None = None,
-                 num_threads: int = 1, max_eval_examples: int | None = None,
-                 strategy=None, allow_python: bool = False) -> list[dict]:
-    """Quantizes `model_dir`'s `source` model in each of `modes`; writes `quantized/`.
-
-    Every .tflite (and the float conversion of the same source, the reference) is evaluated with
-    the interpreter on the evaluation split, with the task's metrics. Returns the reports;
-    raises `TftrainError` after writing them when a model falls short of the task's gate: an
-    accuracy drop above `max_accuracy_drop` (classification, absolute), or an RMSE more than
-    `max_metric_change` above the float model's (regression, relative).
-    """
-    options = QuantizeOptions(modes, source, max_accuracy_drop, max_metric_change, int8_io,
-                              qat_epochs, qat_learning_rate, num_calibration_examples,
-                              max_eval_examples)
-    options.check()
-    config = load_run_config(model_dir, strategy_name)
-    task = run_task(config)
-    path = model_path(model_dir, source)
-    out = join(model_dir, report.QUANTIZED)
-    run_dir.check_replaceable(out)
-    if "qat" in modes and strategy is None:
-        strategy = _strategy(config)  # first: no TensorFlow op may run before it is built
-    with run_dir.lock(model_dir, "tftrain quantize", cluster.is_chief(strategy)):
-        split, eval_data = _eval_data(config, split)
-        model = load_keras_model(path, allow_python=allow_python)
-        run_dir.mark_output(out)
-        measured, extras = _quantize_all(model, config, task, options, strategy, eval_data, out)
-        if measured is None:  # multi-worker: the chief converts and reports
-            return []
-        _add_latencies(measured, eval_data, num_threads)
-        reports, failures = [], []
-        for mode in modes:
-            entry, gate = _quantized_entry(mode, options, task, measured, path=path,
-                                           split=split, extra=extras[mode])
-            report_path = report.write_quantized_report(model_dir, entry)
-            reports.append(entry)
-            if not entry["passed"]:
-                failures.append(f"{report.model_name(mode, source)}: {gate}; report kept at "
-                                f"{report_path}")
-        logging.info("quantized models and reports in %s", out)
-        if failures:
-            raise TftrainError(f"quantization lost too much {task.measure}: "
-                               + "; ".join(failures))
-        return reports
+def _prune_gate(summary: report.PruneReport, out: str) -> None:
+    """Raises TftrainError (the report is written) when the pruned model has problems."""
+    if summary.problems:
+        raise TftrainError(f"pruning missed its target ({'; '.join(summary.problems)}); "
+                           f"the report is in {out}/{report.REPORT}. Fine-tune longer "
+                           "(--epochs), prune less, or check the layers named.")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -400,36 +358,75 @@ class QuantizeOptions:
         return bool(self.int8_io and mode in ("int8", "qat"))
 
 
-def _quantize_all(model, config: config_lib.Config, task, options: QuantizeOptions, strategy,
-                  eval_data, out: str):
-    """`(measured, extras)`: the float reference and each mode's .tflite, written to `out` and
-    measured; None for `measured` on a non-chief worker after quantization-aware training."""
-    float_name = report.model_name("float", options.source)
-    measured = {float_name: _tflite_measure(
-        quantize.convert(model, "float"), join(out, f"model_{float_name}.tflite"), eval_data,
-        options.max_eval_examples, task)}
-    extras = {}
-    for mode in options.modes:
-        to_convert, extras[mode] = _converted_input(model, mode, config, task, options, strategy)
-        if to_convert is None:
-            return None, extras
-        calibration = None
-        if mode == "int8":
-            calibration = data_lib.load(config.data.dir, config.data.train_split,
-                                        config.data.batch_size, training=True,
-                                        seed=config.train.seed)
-        content = quantize.convert(to_convert, mode, representative_data=calibration,
-                                   num_calibration_examples=options.num_calibration_examples,
-                                   int8_io=options.int8_io_for(mode))
-        name = report.model_name(mode, options.source)
-        measured[name] = _tflite_measure(content, join(out, f"model_{name}.tflite"), eval_data,
-                                         options.max_eval_examples, task)
-    return measured, extras
+def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
+                 max_accuracy_drop: float = 0.01, max_metric_change: float = 0.05,
+                 int8_io: bool = False, qat_epochs: int = 1,
+                 qat_learning_rate: float | None = None, num_calibration_examples: int = 100,
+                 split: str | None = None, strategy_name: str | None = None,
+                 num_threads: int = 1, max_eval_examples: int | None = None,
+                 strategy=None, allow_python: bool = False) -> list[dict]:
+    """Quantizes `model_dir`'s `source` model in each of `modes`; writes `quantized/`.
+
+    Every .tflite (and the float conversion of the same source, the reference) is evaluated with
+    the interpreter on the evaluation split, with the task's metrics. Returns the reports;
+    raises `TftrainError` after writing them when a model falls short of the task's gate: an
+    accuracy drop above `max_accuracy_drop` (classification, absolute), or an RMSE more than
+    `max_metric_change` above the float model's (regression, relative).
+    """
+    options = QuantizeOptions(modes, source, max_accuracy_drop, max_metric_change, int8_io,
+                              qat_epochs, qat_learning_rate, num_calibration_examples,
+                              max_eval_examples)
+    options.check()
+    config, task = _run_and_task(model_dir, strategy_name)
+    path = model_path(model_dir, source)
+    out = _output_dir(model_dir, report.QUANTIZED)
+    if "qat" in modes and strategy is None:
+        strategy = _strategy(config)  # first: no TensorFlow op may run before it is built
+    with run_dir.lock(model_dir, "tftrain quantize", cluster.is_chief(strategy)):
+        split, eval_data = _eval_data(config, split)
+        model = load_keras_model(path, allow_python=allow_python)
+        run_dir.mark_output(out)
+        float_name = report.model_name("float", source)
+        measured = {float_name: _tflite_measure(
+            quantize.convert(model, "float"), join(out, f"model_{float_name}.tflite"), eval_data,
+            options.max_eval_examples, task)}
+        extras = {}
+        for mode in modes:
+            quantized = _quantize(model, mode, config, task, options, strategy)
+            if quantized is None:  # multi-worker: the chief converts and reports
+                return []
+            content, extras[mode] = quantized
+            name = report.model_name(mode, source)
+            measured[name] = _tflite_measure(content, join(out, f"model_{name}.tflite"), eval_data,
+                                             options.max_eval_examples, task)
+        timed = _timed(measured, eval_data, num_threads)
+        reports = [_quantized_report(mode, options, task, timed, path=path, split=split,
+                                     extra=extras[mode]) for mode in modes]
+        _write_and_gate(model_dir, reports, task, out)
+        return [entry.to_json() for entry in reports]
+
+
+def _quantize(model, mode: str, config: config_lib.Config, task, options: QuantizeOptions,
+              strategy) -> tuple[bytes, dict] | None:
+    """`(the .tflite of mode, the report's extra fields)`: after quantization-aware training
+    for qat (None on a non-chief worker), calibrated on the training split for int8."""
+    to_convert, extra = _converted_input(model, mode, config, task, options, strategy)
+    if to_convert is None:
+        return None
+    calibration = None
+    if mode == "int8":
+        calibration = data_lib.load(config.data.dir, config.data.train_split,
+                                    config.data.batch_size, training=True,
+                                    seed=config.train.seed)
+    content = quantize.convert(to_convert, mode, representative_data=calibration,
+                               num_calibration_examples=options.num_calibration_examples,
+                               int8_io=options.int8_io_for(mode))
+    return content, extra
 
 
 def _converted_input(model, mode: str, config: config_lib.Config, task,
                      options: QuantizeOptions, strategy):
-    """`(model to convert, the report's extra keys)` for `mode`: the model itself, or for qat
+    """`(model to convert, the report's extra fields)` for `mode`: the model itself, or for qat
     the model after quantization-aware training (None on a non-chief worker)."""
     if mode == "int8":
         return model, {"num_calibration_examples": options.num_calibration_examples}
@@ -441,41 +438,39 @@ def _converted_input(model, mode: str, config: config_lib.Config, task,
         preserve_sparsity=options.source == "pruned", loss=finetune.training_loss(model, task),
         optimizer_fn=_optimizer_fn(config, options.qat_learning_rate, steps_per_epoch,
                                    options.qat_epochs),
-        strategy=strategy, verbose=2 if logging.level_info() else 0)
+        strategy=strategy, verbose=_verbosity())
     extra = {"float_layers": float_layers, "qat_epochs": options.qat_epochs}
     return (trained if cluster.is_chief(strategy) else None), extra
 
 
-def _quantized_entry(mode: str, options: QuantizeOptions, task, measured: dict, *, path: str,
-                     split: str, extra: dict) -> tuple[dict, str]:
-    """quantized/<name>.json: `mode`'s model against the float reference, the task's measure
-    and the gate (`passed`); and the line that says how it stands against the gate."""
-    measure, max_change = task.measure, options.max_change(task)
-    result = measured[report.model_name(mode, options.source)]
-    reference = measured[report.model_name("float", options.source)]
-    change = task.change(reference[measure], result[measure])
-    both = result["throughput_ms_per_example"] and reference["throughput_ms_per_example"]
-    gate = (f"{measure} {result[measure]:.4f} vs float {reference[measure]:.4f} "
-            f"({task.change_name} {change:.4f} > {task.gate_flag}={max_change})")
-    return {
-        "mode": mode, "source": options.source, "model": path, "split": split,
-        "tflite_path": result["path"], "tflite_bytes": result["tflite_bytes"],
-        "gzip_bytes": result["gzip_bytes"], "task": task.name, "measure": measure,
-        measure: result[measure], "latency_ms": result["latency_ms"],
-        "throughput_ms_per_example": result["throughput_ms_per_example"],
-        **{key: result[key] for key in report.TIMING_SETTINGS + ("cpu",)},
-        "num_examples": result["num_examples"], "float_tflite_path": reference["path"],
-        "float_tflite_bytes": reference["tflite_bytes"],
-        "float_gzip_bytes": reference["gzip_bytes"], f"float_{measure}": reference[measure],
-        "float_latency_ms": reference["latency_ms"],
-        "float_throughput_ms_per_example": reference["throughput_ms_per_example"],
-        task.change_name: change, f"max_{task.change_name}": max_change,
-        "metrics": {k: result[k] for k in task.evaluate_keys(result)},
-        "float_metrics": {k: reference[k] for k in task.evaluate_keys(reference)},
-        "size_ratio": result["tflite_bytes"] / reference["tflite_bytes"],
-        "latency_ratio": result["latency_ms"] / reference["latency_ms"],
-        "throughput_ratio": (result["throughput_ms_per_example"]
-                             / reference["throughput_ms_per_example"] if both else None),
-        "int8_io": options.int8_io_for(mode),
-        "passed": change <= max_change + 1e-9, **extra,
-    }, gate
+def _quantized_report(mode: str, options: QuantizeOptions, task, timed: dict, *, path: str,
+                      split: str, extra: dict) -> report.QuantizeReport:
+    """quantized/report_<name>.json: `mode`'s model against the float reference, the task's
+    measure and its gate."""
+    result = timed[report.model_name(mode, options.source)]
+    reference = timed[report.model_name("float", options.source)]
+    return report.QuantizeReport(
+        mode=mode, source=options.source, model=path, split=split, task=task.name,
+        measure=task.measure, change_name=task.change_name,
+        change=task.change(reference.metrics[task.measure], result.metrics[task.measure]),
+        max_change=options.max_change(task),
+        metrics={k: result.metrics[k] for k in task.evaluate_keys(result.metrics)},
+        float_metrics={k: reference.metrics[k] for k in task.evaluate_keys(reference.metrics)},
+        tflite=result, float_tflite=reference, int8_io=options.int8_io_for(mode), **extra)
+
+
+def _write_and_gate(model_dir: str, reports: list[report.QuantizeReport], task,
+                    out: str) -> None:
+    """Writes each report, then raises TftrainError when a model failed the task's gate."""
+    failures = []
+    for entry in reports:
+        report_path = report.write_quantized_report(model_dir, entry)
+        if not entry.passed:
+            line = _gate_line(task, entry.float_tflite.metrics[entry.measure],
+                              entry.tflite.metrics[entry.measure], entry.change,
+                              entry.max_change)
+            failures.append(f"{report.model_name(entry.mode, entry.source)}: {line}; report "
+                            f"kept at {report_path}")
+    logging.info("quantized models and reports in %s", out)
+    if failures:
+        raise TftrainError(f"quantization lost too much {task.measure}: " + "; ".join(failures))
