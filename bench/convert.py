@@ -218,7 +218,7 @@ def child(method: str, kind: str, src: str, out: str) -> None:
 
 # ---- measuring -------------------------------------------------------------------------------
 
-def _tree(pid: int) -> list[int]:
+def process_tree(pid: int) -> list[int]:
     pids, frontier = [pid], [pid]
     while frontier:
         parent = frontier.pop()
@@ -232,7 +232,7 @@ def _tree(pid: int) -> list[int]:
     return pids
 
 
-def _memory(pid: int) -> int:
+def process_memory(pid: int) -> int:
     """Anonymous + shared-memory PSS of one process in bytes (0 when it is gone).
 
     File-backed pages (mapped .npy files, the TensorFlow library) are page cache the kernel can
@@ -270,7 +270,7 @@ def measure(method: str, kind: str, src: str, out: str, memory: bool) -> dict:
     def sample():
         nonlocal peak
         while not done.is_set():
-            peak = max(peak, sum(_memory(p) for p in _tree(process.pid)))
+            peak = max(peak, sum(process_memory(p) for p in process_tree(process.pid)))
             time.sleep(0.02)
 
     sampler = threading.Thread(target=sample, daemon=True) if memory else None

@@ -18,7 +18,10 @@ Labels: integers are class ids (`num_classes` = max + 1); strings are class name
 ids in sorted order (`info["class_names"]`).
 
 Options: text_key (default `text`), label_key (`label`), vocab_size (10000, including the
-padding and out-of-vocabulary ids), max_length (128), lowercase (true).
+padding and out-of-vocabulary ids), max_length (128), lowercase (true), vocab_sample_mb (64):
+the vocabulary is adapted over at most this many MB of training text, a seeded reservoir
+sample once the training texts are larger (`info["vocabulary_sample"]` says how many texts of
+how many), so converting takes the same memory whatever the corpus's size.
 Bad rows: invalid JSON, not an object, missing/empty/non-string text, missing label, a label
 of the wrong type.
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import json
 import posixpath
+import random
 
 from pipelines.base import BasePipeline, Row
 from pipelines.options import check_known, get_bool, get_int, get_str
@@ -40,7 +44,8 @@ from pipelines.sources import list_files, source_splits, text_lines, undecodable
 from tftrain.data import example_bytes
 from tftrain.errors import BadRow, ConfigError
 
-OPTIONS = ("text_key", "label_key", "vocab_size", "max_length", "lowercase")
+OPTIONS = ("text_key", "label_key", "vocab_size", "max_length", "lowercase", "vocab_sample_mb")
+SAMPLE_SEED = 0  # the reservoir's: the same corpus always gives the same vocabulary
 EXTENSIONS = (".jsonl", ".ndjson")
 PAD_ID, OOV_ID, FIRST_WORD_ID = 0, 1, 2
 TOKENIZER = "TextVectorization"
@@ -122,6 +127,37 @@ class _Vectorizers:
         return {"_layers": {}}
 
 
+class TextSample:
+    """The texts a vocabulary is adapted over, within `max_bytes`: every text while they fit,
+    then a seeded reservoir sample (each text seen is kept with the same probability) of as
+    many texts as had fitted."""
+
+    def __init__(self, max_bytes: int, seed: int = SAMPLE_SEED):
+        self.max_bytes, self.seed = max_bytes, seed
+        self.texts: list[str] = []
+        self.seen = self.bytes = 0
+        self._capacity = None  # fixed when the texts stop fitting
+        self._random = random.Random(seed)
+
+    def add(self, text: str) -> None:
+        """Offers one text to the sample."""
+        self.seen += 1
+        if self._capacity is None:
+            self.texts.append(text)
+            self.bytes += len(text)
+            if self.bytes > self.max_bytes:
+                self._capacity = len(self.texts)
+            return
+        slot = self._random.randrange(self.seen)
+        if slot < self._capacity:
+            self.texts[slot] = text
+
+    def describe(self) -> dict:
+        """What the vocabulary was adapted over, for the manifest."""
+        return {"texts": len(self.texts), "of_texts": self.seen, "max_mb": self.max_bytes >> 20,
+                "seed": self.seed, "sampled": self._capacity is not None}
+
+
 class Pipeline(BasePipeline):
     """JSON Lines text classification; see the module docstring."""
 
@@ -136,6 +172,7 @@ class Pipeline(BasePipeline):
         self.vocab_size = get_int(options, "vocab_size", 10_000, minimum=3)
         self.max_length = get_int(options, "max_length", 128, minimum=1)
         self.lowercase = get_bool(options, "lowercase", True)
+        self.vocab_sample_mb = get_int(options, "vocab_sample_mb", 64, minimum=1)
         self._vectorizers = _Vectorizers()
 
     def _lines(self, source: str):
@@ -178,7 +215,7 @@ class Pipeline(BasePipeline):
         return text, label
 
     def prepare(self, source):
-        texts, int_labels, str_labels = [], set(), set()
+        texts, int_labels, str_labels = TextSample(self.vocab_sample_mb << 20), set(), set()
         largest = (-1, "")  # the largest integer label and the line it is on
         for key, line, split in self._lines(source):
             try:
@@ -188,7 +225,7 @@ class Pipeline(BasePipeline):
             if isinstance(label, int) and label < 0:
                 continue  # not a class id: a bad row
             if self.split_of(key, split) == "train":
-                texts.append(text)
+                texts.add(text)
             (str_labels if isinstance(label, str) else int_labels).add(label)
             if isinstance(label, int) and label > largest[0]:
                 largest = (label, key)
@@ -199,7 +236,8 @@ class Pipeline(BasePipeline):
         info = {"tokenizer": TOKENIZER, "standardize": standardize, "split": "whitespace",
                 "max_length": self.max_length, "lowercase": self.lowercase,
                 "source": source or EMBEDDED}
-        info["vocabulary"] = self._adapt(texts, info)
+        info["vocabulary"] = self._adapt(texts.texts, info)
+        info["vocabulary_sample"] = texts.describe()
         info["vocab_size"] = len(info["vocabulary"]) + FIRST_WORD_ID
         if len(str_labels) >= len(int_labels) and str_labels:
             info["class_names"] = sorted(str_labels)

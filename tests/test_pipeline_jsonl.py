@@ -155,3 +155,33 @@ def test_a_keras_model_trains_on_the_token_ids(tmp_path):
         keras.layers.Input([16], dtype="int32"),
         keras.layers.Embedding(manifest["info"]["vocab_size"], 8),
         keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(2)])
+
+
+def test_the_vocabulary_sample_is_bounded_and_seeded():
+    from pipelines.jsonl import TextSample
+
+    small = TextSample(max_bytes=100)
+    for text in ("a b", "c d"):
+        small.add(text)
+    assert small.texts == ["a b", "c d"] and not small.describe()["sampled"]
+    samples = []
+    for _ in range(2):
+        sample = TextSample(max_bytes=1000)
+        for index in range(10_000):
+            sample.add(f"text {index:05d}")  # 10 bytes each: 101 fit, then a reservoir of 101
+        samples.append(sample.texts)
+    assert len(samples[0]) == 101 and samples[0] == samples[1]  # bounded, and seeded
+    assert max(int(t.split()[1]) for t in samples[0]) > 5_000  # late texts are drawn too
+    assert sample.describe() == {"texts": 101, "of_texts": 10_000, "max_mb": 0, "seed": 0,
+                                 "sampled": True}
+
+
+def test_a_corpus_over_the_sample_bound_converts_with_a_sampled_vocabulary(tmp_path):
+    """Over `vocab_sample_mb` of training text the vocabulary comes from a sample: the frequent
+    words are all there, and the manifest says how many texts it saw of how many."""
+    lines = make_lines(60_000)  # ~2.5 MB of text, ~2 MB of it in the training split
+    source = write_jsonl(tmp_path / "reviews.jsonl", lines)
+    info = convert("jsonl", str(source), tmp_path / "data", vocab_sample_mb=1)["info"]
+    sample = info["vocabulary_sample"]
+    assert sample["sampled"] and sample["texts"] < sample["of_texts"], sample
+    assert set(w.lower() for w in GOOD + BAD + FILLER) <= set(info["vocabulary"])

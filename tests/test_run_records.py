@@ -48,12 +48,13 @@ def test_the_summary_keeps_summary_json_keys_in_order():
     summary = RunSummary(
         model_dir="m", data_dir="d", task={"type": "classification"}, epochs=2, steps=10,
         eval={"split": "test", "accuracy": 0.9}, validation={"accuracy": 0.8},
+        evaluation={"validation_steps": 0, "validation_every_steps": 0, "test_steps": 0},
         mixed_precision="float32", grad_accum_steps=1, resumed_from=None, seconds_per_step=0.1,
         examples_per_second=320.0, rollbacks=0, restarts={"restarts": 0, "restart_causes": []},
         backend={"strategy": "one_device", "num_replicas": 1, "num_workers": 1,
                  "jit_compile": False}).to_json()
     assert list(summary) == [
-        "model_dir", "data_dir", "task", "epochs", "steps", "eval", "validation",
+        "model_dir", "data_dir", "task", "epochs", "steps", "eval", "validation", "evaluation",
         "mixed_precision", "grad_accum_steps", "resumed_from", "restarts", "restart_causes",
         "seconds_per_step", "examples_per_second", "rollbacks", "strategy", "num_replicas",
         "num_workers", "jit_compile"]

@@ -178,7 +178,8 @@ def validate(config: Config) -> None:
         section, name = key.split(".")
         positive(key, getattr(getattr(config, section), name))
     for key in ("warmup_steps", "lr_min", "plateau_patience", "early_stopping_patience",
-                "backup_every_steps", "weight_decay"):
+                "backup_every_steps", "weight_decay", "validation_steps",
+                "validation_every_steps", "test_steps", "log_every_steps"):
         if getattr(config.train, key) < 0:
             raise ConfigError(f"train.{key} must be >= 0, got {getattr(config.train, key)}")
     if config.train.lr_schedule == "plateau" and config.train.warmup_steps:

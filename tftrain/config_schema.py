@@ -105,6 +105,15 @@ class TrainConfig:
     monitor: str = "auto"  # best checkpoint, early stopping, plateau; auto: the task's
     early_stopping_patience: int = 0  # 0: off; else epochs without improvement of `monitor`
     backup_every_steps: int = 0  # 0: back up at the end of each epoch only
+    # Bounded evaluation on large data: batches per validation (0: the whole split), validate
+    # every N steps instead of at epoch ends (0: at epoch ends; the best checkpoint, early
+    # stopping, plateau and the epoch backup follow it), batches of the final test (0: whole).
+    validation_steps: int = 0
+    validation_every_steps: int = 0
+    test_steps: int = 0
+    # A progress line (step N/TOTAL, loss, examples/s, ETA) and the same scalars in TensorBoard
+    # every this many steps; 0: about every 30 seconds of training.
+    log_every_steps: int = 0
     # A NaN/Inf loss: stop (one line, exit 1) | rollback (restore the last backup, multiply the
     # learning rate by rollback_lr_factor and go on, at most max_rollbacks times, then stop)
     on_nan: str = "stop"

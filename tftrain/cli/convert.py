@@ -11,6 +11,7 @@ Examples:
       --pipeline_options=label_column=species
   tftrain convert --pipeline=digits --output=data/digits --runner=beam \\
       --beam_options='--runner=DirectRunner --direct_num_workers=2'
+  tftrain convert --pipeline=jsonl --input=new_reviews.jsonl --output=data/reviews --append
 """
 from __future__ import annotations
 
@@ -34,6 +35,9 @@ flags.DEFINE_float("max_bad_fraction", 0.01, "Fail (and leave no dataset) when m
 flags.DEFINE_integer("seed", 0, "Seed for spreading examples over shards.")
 flags.DEFINE_enum("runner", "local", ["local", "beam"], "local: worker processes on this machine; "
                   "beam: an Apache Beam pipeline (pip install 'tftrain[beam]').")
+flags.DEFINE_boolean("append", False, "Add the input's rows to the tftrain dataset in --output as "
+                     "new shards, encoded with its vocabulary and classes; its files are kept as "
+                     "they are and its manifest is replaced atomically.")
 flags.DEFINE_string("beam_options", "", "Beam pipeline options for --runner=beam, e.g. "
                     "'--runner=DataflowRunner --project=P --region=R --temp_location=gs://B/tmp'.")
 
@@ -60,6 +64,10 @@ def main(argv):
     if FLAGS.runner == "beam":
         from tftrain.data.beam_writer import write_dataset_beam
 
+        if FLAGS.append:
+            from tftrain.errors import ConfigError
+
+            raise ConfigError("--append runs with --runner=local (Beam appends are not built yet).")
         manifest = write_dataset_beam(pipeline, FLAGS.input, FLAGS.output,
                                       beam_options=FLAGS.beam_options, **kwargs)
     else:
@@ -70,7 +78,7 @@ def main(argv):
 
             raise ConfigError("--beam_options is only used with --runner=beam.")
         manifest = write_dataset(pipeline, FLAGS.input, FLAGS.output,
-                                 workers=FLAGS.workers or None, **kwargs)
+                                 workers=FLAGS.workers or None, append=FLAGS.append, **kwargs)
     from tftrain.data.writer import summary_line
 
     print(summary_line(FLAGS.output, manifest))

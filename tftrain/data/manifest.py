@@ -24,9 +24,11 @@ BAD_ROWS_NAME = "bad_rows.jsonl"
 FORMAT = "tftrain.dataset/1"
 
 
-def shard_name(split: str, index: int, num_shards: int) -> str:
-    """The file name of shard `index` of `num_shards` of `split`."""
-    return f"{split}-{index:05d}-of-{num_shards:05d}.tfrecord"
+def shard_name(split: str, index: int, num_shards: int, generation: int = 0) -> str:
+    """The file name of shard `index` of `num_shards` of `split`; the shards of the
+    `generation`-th `tftrain convert --append` carry it in their name (`train-g001-00000-...`)."""
+    part = f"-g{generation:03d}" if generation else ""
+    return f"{split}{part}-{index:05d}-of-{num_shards:05d}.tfrecord"
 
 
 def exists(data_dir: str) -> bool:

@@ -44,6 +44,7 @@ class ShardPlan:
     default_shards: int  # for a split that shows up without being foreseen
     fractions: dict | None  # --splits: re-split every row by its key
     default_fractions: dict  # for rows without a source split
+    generation: int = 0  # the n-th `convert --append` into the dataset (0: a new dataset)
 
     def split_of(self, row) -> str:
         """The split of a row: its source split, unless --splits re-splits everything."""
@@ -64,7 +65,7 @@ class ShardPlan:
 
     def file_name(self, split: str, index: int) -> str:
         """The final file name of a shard."""
-        return manifest_lib.shard_name(split, index, self.num_shards(split))
+        return manifest_lib.shard_name(split, index, self.num_shards(split), self.generation)
 
     def tmp_path(self, name: str) -> str:
         """This run's temporary path for the file `name` (renamed when complete)."""

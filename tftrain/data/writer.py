@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import queue as queue_lib
 import time
@@ -36,6 +37,7 @@ import tftrain
 from pipelines import BasePipeline
 from tftrain import dir_lock, ownership
 from tftrain.data import manifest as manifest_lib
+from tftrain.data.append import appendable, appended, appended_info
 from tftrain.data import processes, shard_plan, shard_worker
 from tftrain.data.progress import Progress
 from tftrain.data.record_file import RecordFile
@@ -83,18 +85,24 @@ def _refuse_collisions(contents: ownership.DatasetContents, writes: set[str]) ->
 
 
 @contextlib.contextmanager
-def claim_output_dir(plan, overwrite: bool) -> Iterator[None]:
+def claim_output_dir(plan, overwrite: bool, append_to: dict | None = None) -> Iterator[None]:
     """Holds `plan.output_dir` for one conversion (see the module doc): locked, checked,
-    marked as this run's, tftrain's earlier files cleared; the marker goes when done."""
+    marked as this run's, tftrain's earlier files cleared; the marker goes when done.
+
+    `append_to` (the dataset's manifest, `convert --append`): the dataset's own files stay, and
+    so does its manifest until the new one replaces it."""
     output_dir = plan.output_dir
     tf.io.gfile.makedirs(output_dir)
     with dir_lock.exclusive(output_dir, dir_lock.CONVERT_LOCK, "tftrain convert"):
-        contents = check_output_dir(output_dir, overwrite)  # again: another run may have finished
+        if append_to is not None:  # again: another run may have changed it
+            contents = appendable(output_dir, append_to)
+        else:
+            contents = check_output_dir(output_dir, overwrite)
         writes = set(plan.file_names()) | {BAD_ROWS_NAME, manifest_lib.MANIFEST_NAME}
         _refuse_collisions(contents, writes)
-        earlier = contents.mine - _KEPT
+        earlier = contents.mine - _KEPT - (contents.listed() if append_to is not None else set())
         ownership.write_convert_marker(output_dir, plan.run_id, writes | earlier)
-        if contents.manifest is not None:
+        if contents.manifest is not None and append_to is None:
             # The manifest goes first: from here on the directory is not a dataset until rewritten.
             remove(join(output_dir, manifest_lib.MANIFEST_NAME), within=output_dir)
         for name in sorted(earlier - {manifest_lib.MANIFEST_NAME}):
@@ -110,7 +118,7 @@ def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
                   splits: dict[str, float] | None = None, num_shards: int | None = None,
                   shard_size_mb: float | None = None, workers: int | None = None, seed: int = 0,
                   overwrite: bool = False, max_bad_fraction: float = 0.01,
-                  progress: bool = True) -> dict:
+                  progress: bool = True, append: bool = False) -> dict:
     """Converts `source` with `pipeline` into `output_dir`; returns the manifest.
 
     Rows keep their source split unless `splits` (name -> fraction) is given; rows without one
@@ -119,19 +127,31 @@ def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
     processes (None: all cores, or 1 for a small source). Rows the pipeline rejects (BadRow) are
     skipped and listed in bad_rows.jsonl; above `max_bad_fraction` of all rows the run fails and
     leaves no dataset. See `tftrain.data.shard_plan` for what is deterministic.
+
+    `append`: adds the rows to the tftrain dataset in `output_dir` as new shards (see `appended`):
+    its files stay byte for byte and its manifest is replaced, atomically, by one that lists
+    both; the rows are encoded with the dataset's own `info` (vocabulary, classes, statistics).
     """
     shard_plan.check_args(num_shards=num_shards, shard_size_mb=shard_size_mb, workers=workers,
                           max_bad_fraction=max_bad_fraction)
-    check_output_dir(output_dir, overwrite)
+    if append and overwrite:
+        raise ConfigError("--append adds to a dataset and --overwrite replaces it: pass one.")
+    existing = appendable(output_dir).manifest if append else None
+    if not append:
+        check_output_dir(output_dir, overwrite)
     if processes.needs_workers(pipeline, source, workers):
         processes.warm_up()  # its TensorFlow import overlaps prepare() and the sample
     started = time.monotonic()
     pipeline.requested_splits = dict(splits) if splits else None
     info = pipeline.prepare(source)
+    if existing is not None:
+        info = appended_info(pipeline, existing, info, output_dir)
     plan, estimated_rows = make_plan(pipeline, source, info, output_dir, splits=splits,
                                      num_shards=num_shards, shard_size_mb=shard_size_mb,
-                                     workers=workers, seed=seed)
-    with claim_output_dir(plan, overwrite):
+                                     workers=workers, seed=seed,
+                                     generation=len(existing.get("appends", ())) + 1
+                                     if existing is not None else 0)
+    with claim_output_dir(plan, overwrite, existing):
         meter = Progress(estimated_rows, label=f"convert {pipeline.name}") if progress else None
         try:
             if plan.num_workers == 1:
@@ -141,7 +161,8 @@ def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
                 summaries = _run_processes(pipeline, source, info, plan, meter)
             if meter:
                 meter.close()
-            manifest = finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction)
+            manifest = finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction,
+                              existing)
         except shard_worker.RowFailed as e:
             remove_shards(plan)
             raise DataError(f"pipeline {pipeline.name!r} failed: {e}") from e
@@ -184,7 +205,7 @@ def summary_line(output_dir: str, manifest: dict) -> str:
 
 
 def make_plan(pipeline, source, info, output_dir, *, splits, num_shards, shard_size_mb,
-               workers, seed):
+               workers, seed, generation: int = 0):
     fractions = dict(splits) if splits else None
     default_fractions = dict(pipeline.default_splits)
     probe = shard_plan.ShardPlan(output_dir, "", 1, seed, {}, 1, fractions, default_fractions)
@@ -203,7 +224,7 @@ def make_plan(pipeline, source, info, output_dir, *, splits, num_shards, shard_s
     for note in notes:
         logging.info("convert: %s", note)
     plan = shard_plan.ShardPlan(output_dir, uuid.uuid4().hex[:12], num_workers, seed, shards,
-                                default, fractions, default_fractions)
+                                default, fractions, default_fractions, generation)
     logging.info("convert: %s rows (%s), ~%.0f bytes per example; %d worker(s); shards: %s",
                  f"{sample.rows:,}" if sample.exhausted else
                  (f"~{estimated_rows:,}" if estimated_rows else "an unknown number of"),
@@ -294,20 +315,27 @@ def _died(worker: int, workers: int, exitcode: int) -> str:
 def remove_shards(plan) -> None:
     """Best-effort removal of this conversion's shards and temporary files after a failure.
 
-    Kept: bad_rows.jsonl (it says why) and the marker, which still claims it for the rerun.
+    Kept: bad_rows.jsonl (it says why) and the marker, which still claims it for the rerun. An
+    append (`plan.generation`) keeps the dataset's own files and, once it has cleared its own,
+    removes its marker: the dataset is as it was.
     """
     try:
         contents = ownership.dataset_contents(plan.output_dir)
-        if contents.manifest is not None:
+        if contents.manifest is not None and not plan.generation:
             return  # dataset.json was written: the dataset is complete
-        for name in sorted(contents.mine - _KEPT - {BAD_ROWS_NAME}):
+        kept = _KEPT | {BAD_ROWS_NAME} | (contents.listed() if plan.generation else set())
+        for name in sorted(contents.mine - kept):
             remove(join(plan.output_dir, name), within=plan.output_dir)
+        if plan.generation:
+            remove(join(plan.output_dir, ownership.CONVERT_MARKER), within=plan.output_dir)
     except (OSError, tf.errors.OpError) as e:
         logging.warning("could not clean %s: %s", plan.output_dir, e)
 
 
-def finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction) -> dict:
-    """Checks the bad-row fraction, completes empty shards, writes bad_rows.jsonl and the manifest."""
+def finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction,
+           existing: dict | None = None) -> dict:
+    """Checks the bad-row fraction, completes empty shards, writes bad_rows.jsonl and the manifest
+    (with `existing`, the dataset appended to, one that lists its shards and the new ones)."""
     shards = {}
     for summary in summaries:
         for entry in summary["shards"]:
@@ -318,17 +346,22 @@ def finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction) ->
             bad_by_split[split] = bad_by_split.get(split, 0) + n
     num_bad = sum(bad_by_split.values())
     num_good = sum(e["num_examples"] for e in shards.values())
-    bad_path = join(plan.output_dir, BAD_ROWS_NAME)
-    _merge_bad_rows(plan, bad_path if num_bad else None)
-    fraction = num_bad / max(num_good + num_bad, 1)
-    if num_good == 0 or fraction > max_bad_fraction:
+    failure = _bad_fraction_failure(num_good, num_bad, max_bad_fraction)
+    if failure and existing is not None:  # the dataset, its bad_rows.jsonl included, stays
+        reasons = _first_bad_rows(plan)
+        _merge_bad_rows(plan, None)
         remove_shards(plan)
-        what = ("no examples were written" if num_good == 0 else
-                f"{num_bad:,} of {num_good + num_bad:,} rows ({fraction:.2%}) are bad, above "
-                f"--max_bad_fraction={max_bad_fraction:g}")
-        raise DataError(f"{what}: converting {source!r} with pipeline {pipeline.name!r} failed and "
-                        f"left no dataset. Each bad row and why is in {bad_path}; fix the input, or "
-                        "raise --max_bad_fraction to skip them.")
+        raise DataError(f"{failure}: appending {source!r} failed and left the dataset in "
+                        f"{plan.output_dir} as it was. First bad rows: {reasons}; fix the input, "
+                        "or raise --max_bad_fraction to skip them.")
+    bad_path = join(plan.output_dir, BAD_ROWS_NAME)
+    kept_bad = bool(existing and existing.get("bad_rows", {}).get("file"))
+    _merge_bad_rows(plan, bad_path if num_bad else None, keep=kept_bad)
+    if failure:
+        remove_shards(plan)
+        raise DataError(f"{failure}: converting {source!r} with pipeline {pipeline.name!r} failed "
+                        f"and left no dataset. Each bad row and why is in {bad_path}; fix the "
+                        "input, or raise --max_bad_fraction to skip them.")
     seen = {split for split, _ in shards} | set(bad_by_split) | set(splits or ())
     entries = {}
     for split in sorted(seen):
@@ -350,8 +383,36 @@ def finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction) ->
                              **({"file": BAD_ROWS_NAME} if num_bad else {})},
                 "label_key": shard_worker.label_key(pipeline.features(info), info),
                 "workers": plan.num_workers, "seed": plan.seed}
+    if existing is not None:
+        manifest = appended(existing, manifest)
     manifest_lib.write(plan.output_dir, manifest)
     return manifest_lib.read(plan.output_dir)
+
+
+def _bad_fraction_failure(num_good: int, num_bad: int, max_bad_fraction: float) -> str | None:
+    """Why the conversion fails on its bad rows, or None."""
+    if num_good == 0:
+        return "no examples were written"
+    fraction = num_bad / (num_good + num_bad)
+    if fraction > max_bad_fraction:
+        return (f"{num_bad:,} of {num_good + num_bad:,} rows ({fraction:.2%}) are bad, above "
+                f"--max_bad_fraction={max_bad_fraction:g}")
+    return None
+
+
+def _first_bad_rows(plan, count: int = 3) -> str:
+    """The first `count` bad rows the workers recorded, as `key (reason)`."""
+    found = []
+    for worker in range(plan.num_workers):
+        part = shard_worker.bad_rows_tmp(plan, worker)
+        if tf.io.gfile.exists(part):
+            with tf.io.gfile.GFile(part, "r") as f:
+                for line in f:
+                    row = json.loads(line)
+                    found.append(f"{row.get('key')} ({row.get('reason')})")
+                    if len(found) >= count:
+                        return "; ".join(found)
+    return "; ".join(found) or "none recorded"
 
 
 def _empty_shard(plan, split: str, index: int) -> dict:
@@ -373,9 +434,12 @@ def _merge_labels(summaries, split: str) -> dict | None:
     return dict(sorted(merged.items(), key=lambda item: int(item[0])))
 
 
-def _merge_bad_rows(plan, path: str | None) -> None:
-    """Concatenates the workers' bad-row files into `path` (atomically), removing them."""
+def _merge_bad_rows(plan, path: str | None, keep: bool = False) -> None:
+    """Concatenates the workers' bad-row files into `path` (atomically), removing them; `keep`:
+    after the lines `path` already holds (an appended dataset's)."""
     parts = [shard_worker.bad_rows_tmp(plan, w) for w in range(plan.num_workers)]
+    if keep and tf.io.gfile.exists(join(plan.output_dir, BAD_ROWS_NAME)):
+        parts.insert(0, join(plan.output_dir, BAD_ROWS_NAME))
     if path:
         tmp = plan.tmp_path(BAD_ROWS_NAME)
         with tf.io.gfile.GFile(tmp, "w") as out:
@@ -386,4 +450,5 @@ def _merge_bad_rows(plan, path: str | None) -> None:
                             out.write(chunk)
         tf.io.gfile.rename(tmp, path, overwrite=True)
     for part in parts:
-        remove(part, within=plan.output_dir)
+        if not part.endswith("/" + BAD_ROWS_NAME):  # the dataset's own list is not a part to clear
+            remove(part, within=plan.output_dir)

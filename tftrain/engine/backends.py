@@ -124,7 +124,8 @@ def build_and_compile(config: config_lib.Config, manifest: dict, plan,
     model = build_plain_model(config, manifest, task)
     trainer = grad_accum.wrap(model, config.train.grad_accum_steps)
     trainer.compile(
-        optimizer=optimizers.make_optimizer(config.train, plan.steps_per_epoch, plan.total_steps),
+        optimizer=optimizers.make_optimizer(config.train, plan.schedule_epoch_steps,
+                                             plan.total_steps),
         loss=task.loss(), metrics=task.metrics(),
         steps_per_execution=config.train.steps_per_execution, **compile_kwargs)
     return model, trainer
@@ -201,8 +202,9 @@ class StrategyBackend:
                                        **foreign.load_kwargs(config.data))
 
     def validation_steps(self, config: config_lib.Config, dataset):
-        """`fit`'s `validation_steps`: None, each validation reads the whole split."""
-        return None
+        """`fit`'s `validation_steps`: `train.validation_steps` batches, else (None) the whole
+        split."""
+        return config.train.validation_steps or None
 
     def build(self, config: config_lib.Config, manifest: dict, plan):
         """`(model, trainer)` built and compiled inside the strategy's scope (see
@@ -276,8 +278,8 @@ class DTensorBackend:
 
     def validation_steps(self, config: config_lib.Config, dataset) -> int:
         """The full global batches of the evaluation split (the DTensor dataset repeats)."""
-        examples = dataset.examples(config.data.eval_split)
-        return max(1, examples // config.data.batch_size)
+        whole = max(1, dataset.examples(config.data.eval_split) // config.data.batch_size)
+        return min(whole, config.train.validation_steps or whole)
 
     def build(self, config: config_lib.Config, manifest: dict, plan):
         """`(model, trainer)`: the ordinary model (the export), and its sharded twin compiled

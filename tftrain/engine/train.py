@@ -31,6 +31,7 @@ from tftrain.callbacks.divergence import DivergenceGuard
 from tftrain.callbacks.curves import Curves
 from tftrain.callbacks.heartbeat import Heartbeat
 from tftrain.callbacks.learning_rate import LearningRateLogger
+from tftrain.callbacks.progress_log import ProgressLog
 from tftrain.callbacks.step_timer import StepTimer
 from tftrain.callbacks.stop_at_step import StopAtStep
 from tftrain.engine.export import export
@@ -90,12 +91,14 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     trained = backend.trained_model(model, trainer, run_.task)  # DTensor: gathered into `model`
     validation = {k[4:]: float(v[-1]) for k, v in history.history.items() if k.startswith("val_")}
     if not validation:  # resumed after the last epoch: nothing was validated in this attempt
-        validation = evaluate(trained, backend.evaluation_data(config, config.data.eval_split))
+        validation = evaluate(trained, backend.evaluation_data(config, config.data.eval_split),
+                              config.train.validation_steps)
 
     # 5. Evaluate on the test split, export, and summarize; the backup goes last. Evaluation
     #    comes before the export: a DTensor-gathered model evaluated after it was exported
     #    reports chance accuracy with the right loss (seen on TF 2.21).
-    test_metrics = evaluate(trained, backend.evaluation_data(config, config.data.test_split))
+    test_metrics = evaluate(trained, backend.evaluation_data(config, config.data.test_split),
+                            config.train.test_steps)
     cluster.dump_weights(model)  # debug aid: only when TFTRAIN_DUMP_WEIGHTS_DIR is set
     # Every worker takes part in the save; non-chief workers into a temporary directory.
     export_dir = backend.export_dir(join(model_dir, run_dir.EXPORT))
@@ -106,6 +109,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         epochs=history.epoch[-1] + 1 if history.epoch else (backup.resumed_at or (0,))[0],
         steps=int(trainer.optimizer.iterations.numpy()),
         eval={"split": config.data.test_split, **test_metrics}, validation=validation,
+        evaluation=bounds_of(config.train),
         mixed_precision=run_.policy, grad_accum_steps=config.train.grad_accum_steps,
         resumed_from=list(backup.resumed_at) if backup.resumed_at else None,
         seconds_per_step=timer.seconds_per_step() if timer.timed else None,
@@ -120,6 +124,12 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     return summary
 
 
+def bounds_of(train_config: config_lib.TrainConfig) -> dict:
+    """How much evaluation the run did, as summary.json records it."""
+    return {key: getattr(train_config, key)
+            for key in ("validation_steps", "validation_every_steps", "test_steps")}
+
+
 @dataclasses.dataclass(frozen=True)
 class RunSummary:
     """What `summary.json` says of a finished run (`to_json`: its keys, in this order, with
@@ -132,6 +142,7 @@ class RunSummary:
     steps: int
     eval: dict  # the test split's metrics, with its name under "split"
     validation: dict
+    evaluation: dict  # validation_steps, validation_every_steps, test_steps (0: whole, epochs)
     mixed_precision: str
     grad_accum_steps: int
     resumed_from: list | None
@@ -198,6 +209,10 @@ def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: S
             join(model_dir, run_dir.CHECKPOINTS, "best"), monitor=train_config.monitor, mode=mode,
             save_best_only=True, save_weights_only=True),
         timer,
+        ProgressLog(plan.total_steps, timer.examples_per_step, train_config.log_every_steps,
+                    steps_per_execution=train_config.steps_per_execution,
+                    log_dir=join(model_dir, run_dir.LOGS, "train") if chief else None,
+                    lines=chief and not sys.stdout.isatty()),
     ]
     if train_config.early_stopping_patience:
         callbacks.append(keras.callbacks.EarlyStopping(
@@ -221,6 +236,8 @@ def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: S
     return callbacks
 
 
-def evaluate(model: keras.Model, dataset) -> dict:
-    """The compiled metrics of `model` on `dataset`, as floats."""
-    return {k: float(v) for k, v in model.evaluate(dataset, return_dict=True, verbose=0).items()}
+def evaluate(model: keras.Model, dataset, steps: int = 0) -> dict:
+    """The compiled metrics of `model` on `dataset` (its first `steps` batches; 0: all of it),
+    as floats."""
+    metrics = model.evaluate(dataset, steps=steps or None, return_dict=True, verbose=0)
+    return {k: float(v) for k, v in metrics.items()}

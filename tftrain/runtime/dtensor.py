@@ -195,7 +195,7 @@ def metrics_on_mesh(metrics: list, mesh) -> list:
 def make_optimizer(train_config: config_lib.TrainConfig, plan, mesh):
     """The optimizer of `train.optimizer`, with the run's schedule, as a DTensor optimizer
     (given `mesh=`) whose updates DTensor applies exactly (`dtensor_optimizers`)."""
-    lr = optimizers.make_schedule(train_config, plan.steps_per_epoch, plan.total_steps)
+    lr = optimizers.make_schedule(train_config, plan.schedule_epoch_steps, plan.total_steps)
     if train_config.optimizer == "sgd":
         return dtensor_optimizers.SGD(lr, momentum=train_config.momentum, mesh=mesh)
     if train_config.optimizer == "adamw":
