@@ -9,6 +9,9 @@ a 50,000-word Zipf vocabulary, so the vocabulary pass has real work), plain text
 character language model, a numeric CSV (16 features, a float label), NumPy arrays (float32
 [rows, 256], int labels) and a folder of 64x64 noise PNGs in 10 classes (hard links of one
 generated set under new names, so the bytes on disk are the size asked for).
+`--beyond_ram`: instead, once, an image folder of 256x256 noise PNGs larger than this machine's
+memory (1.1x MemTotal), converted and read for one whole training pass (`train.epochs=1`).
+
 Each size is converted with the command a user types (`tftrain convert --pipeline=...`, 2
 workers) and trained with `tftrain train` for 100 steps with bounded evaluation
 (`train.validation_steps=5,train.test_steps=5`). Memory: the peak of the summed anonymous PSS of
@@ -158,6 +161,65 @@ def make_images(folder: str, size: int, base: str) -> None:
         copy += 1
 
 
+def memory_total() -> int:
+    """This machine's memory in bytes (MemTotal)."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise SystemExit("no MemTotal in /proc/meminfo")
+
+
+def make_large_pngs(base: str, count: int = 400) -> None:
+    """`count` 256x256 RGB noise PNGs (~197 KB each: noise does not compress) in 10 classes."""
+    import numpy as np
+    from PIL import Image
+
+    if os.path.exists(os.path.join(base, ".done")):
+        return
+    rng = np.random.default_rng(4)
+    for index in range(count):
+        folder = os.path.join(base, f"class{index % 10}")
+        os.makedirs(folder, exist_ok=True)
+        pixels = rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(os.path.join(folder, f"{index:04d}.png"))
+    open(os.path.join(base, ".done"), "w").close()
+
+
+def beyond_ram(work: str) -> None:
+    """Converts and trains one pass over an image folder of 1.1x this machine's memory."""
+    size = int(1.1 * memory_total())
+    base = os.path.join(work, "src", "large-png-base")
+    source = os.path.join(work, "src", f"images-beyond-ram-{size >> 30}g")
+    make_large_pngs(base)
+    if not os.path.exists(source + ".done"):
+        print(f"  linking {size / 2**30:.1f} GB of PNGs ...", flush=True)
+        make_images(source, size, base)
+        open(source + ".done", "w").close()
+    out = os.path.join(work, "out-beyond-ram")
+    convert_s, convert_mb = run_measured(
+        [TFTRAIN, "convert", "--pipeline=image_folder", f"--input={source}", f"--output={out}",
+         "--workers=2", "--overwrite",
+         "--pipeline_options=image_size=64x64,image_encoding=keep"])  # stored as they are
+    with open(os.path.join(out, "dataset.json")) as f:
+        manifest = json.load(f)
+    stored = sum(s["bytes"] for split in manifest["splits"].values() for s in split["shards"])
+    train_s, train_mb = run_measured(
+        [TFTRAIN, "train", "--config=digits", f"--model_dir={os.path.join(work, 'run-big')}",
+         "--overwrite", f"--params_override=data.dir={out},data.pipeline=image_folder,"
+         "train.epochs=1,train.validation_steps=20,train.test_steps=20,"
+         "data.shuffle_buffer=2000,data.batch_size=128,model.params={filters: [16], "
+         "dense_units: 32}"])
+    with open(os.path.join(work, "run-big", "summary.json")) as f:
+        summary = json.load(f)
+    print(markdown_table(
+        ["machine memory", "dataset (TFRecords)", "examples trained", "convert", "convert peak",
+         "one training pass", "train peak"],
+        [[f"{memory_total() / 2**30:.1f} GB", f"{stored / 2**30:.1f} GB",
+          f"{summary['steps'] * 128:,}", f"{convert_s / 60:.1f} min", f"{convert_mb:,.0f} MB",
+          f"{train_s / 60:.1f} min", f"{train_mb:,.0f} MB"]]))
+
+
 def make(kind: str, work: str, size_mb: int) -> str:
     """The source of `kind` at `size_mb`, generated once; returns its path."""
     size = size_mb << 20
@@ -234,6 +296,8 @@ def main() -> None:
     parser.add_argument("--sizes_mb", default="32,128,512")
     parser.add_argument("--kinds", default=",".join(KINDS))
     parser.add_argument("--workdir", default="/tmp/tftrain-bench-big")
+    parser.add_argument("--beyond_ram", action="store_true",
+                        help="once: an image folder larger than this machine's memory")
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes_mb.split(",")]
     kinds = [k for k in args.kinds.split(",") if k]
@@ -241,6 +305,9 @@ def main() -> None:
         parser.error(f"--kinds: a subset of {','.join(KINDS)}; --sizes_mb: two sizes or more")
     work = os.path.abspath(args.workdir)
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores", flush=True)
+    if args.beyond_ram:
+        beyond_ram(work)
+        return
     rows, ratios = [], []
     for kind in kinds:
         results = {}

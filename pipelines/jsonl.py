@@ -18,7 +18,7 @@ Labels: integers are class ids (`num_classes` = max + 1); strings are class name
 ids in sorted order (`info["class_names"]`).
 
 Options: text_key (default `text`), label_key (`label`), vocab_size (10000, including the
-padding and out-of-vocabulary ids), max_length (128), lowercase (true), vocab_sample_mb (64):
+padding and out-of-vocabulary ids), max_length (128), lowercase (true), vocab_sample_mb (16):
 the vocabulary is adapted over at most this many MB of training text, a seeded reservoir
 sample once the training texts are larger (`info["vocabulary_sample"]` says how many texts of
 how many), so converting takes the same memory whatever the corpus's size.
@@ -172,7 +172,7 @@ class Pipeline(BasePipeline):
         self.vocab_size = get_int(options, "vocab_size", 10_000, minimum=3)
         self.max_length = get_int(options, "max_length", 128, minimum=1)
         self.lowercase = get_bool(options, "lowercase", True)
-        self.vocab_sample_mb = get_int(options, "vocab_sample_mb", 64, minimum=1)
+        self.vocab_sample_mb = get_int(options, "vocab_sample_mb", 16, minimum=1)
         self._vectorizers = _Vectorizers()
 
     def _lines(self, source: str):
