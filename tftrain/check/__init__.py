@@ -48,11 +48,11 @@ def run(config, target: Target, model_dir: str | None = None,
         report.extend(input_pipeline.check(config, target))
     except bad_input() as e:
         report.extend([failure("input", "building the training input pipeline", e)])
-    report.extend(_model_checks(config, manifest, target))
+    report.extend(_model_checks(config, target))
     return report
 
 
-def _model_checks(config, manifest: dict, target: Target) -> list[Finding]:
+def _model_checks(config, target: Target) -> list[Finding]:
     """Builds the run as `train` does (`engine.prepare`), on this machine's default strategy
     under the target's policy and compiler: memory, then the steps."""
     import tensorflow as tf

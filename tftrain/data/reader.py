@@ -414,6 +414,15 @@ def _finished(dataset: tf.data.Dataset, options: ReadOptions, input_context) -> 
     return dataset.with_options(tf_options).prefetch(tf.data.AUTOTUNE)
 
 
+def replayed(dataset: tf.data.Dataset, batches: int) -> tf.data.Dataset:
+    """The first `batches` elements of `dataset`, read once here and then repeated from memory
+    forever (what `tftrain doctor` times a model alone on: no reading or decoding)."""
+    kept = dataset.take(batches).cache()
+    for _ in kept:  # one complete pass: the cache is final and every later pass reads memory
+        pass
+    return kept.repeat()
+
+
 def check_fixed_shapes(dataset: tf.data.Dataset, pipeline_name: str) -> None:
     """Raises unless every decoded example has a fully known shape (so batches can be re-made)."""
     for spec in tf.nest.flatten(dataset.element_spec):

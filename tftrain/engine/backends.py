@@ -143,14 +143,6 @@ def _device_type(strategy) -> str:
     return "CPU"
 
 
-def _filled(kept):
-    """`kept` (a `take(n).cache()` dataset) after one complete pass, repeated: every later
-    pass reads memory."""
-    for _ in kept:
-        pass
-    return kept.repeat()
-
-
 class StrategyBackend:
     """A `tf.distribute` strategy: one device, Mirrored, MultiWorkerMirrored or TPU.
 
@@ -191,7 +183,7 @@ class StrategyBackend:
         kept = reader.load(config.data.dir, config.data.train_split,
                            config.data.batch_size * config.train.grad_accum_steps,
                            **{**training_input_kwargs(config), "service_address": ""})
-        return _filled(kept.take(batches).cache())
+        return reader.replayed(kept, batches)
 
     def evaluation_data(self, config: config_lib.Config, split: str, *, for_fit: bool = False):
         """`split` in global batches, for `fit`'s validation (`for_fit`) or a final evaluation."""

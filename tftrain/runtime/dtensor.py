@@ -74,10 +74,7 @@ def make_dataset(mesh, config: config_lib.Config, split: str, training: bool,
     dataset = reader.load(config.data.dir, split, config.data.batch_size // replicas,
                           **{**options, **changes})
     if keep_batches:
-        dataset = dataset.take(keep_batches * replicas).cache()
-        for _ in dataset:  # one complete pass: every later one reads memory
-            pass
-        dataset = dataset.repeat()
+        dataset = reader.replayed(dataset, keep_batches * replicas)
     # DTensorDataset gives each local replica its own copy of the pipeline and shards it with
     # the dataset's auto-shard policy. FILE sharding fails when a split has fewer files than
     # replicas (the default conversion writes one file per small split), so every replica takes
