@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import threading
@@ -35,6 +34,7 @@ sys.path.insert(0, REPO)
 
 from bench.convert import process_memory, process_tree  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
+from tftrain.optimize.tflite_eval import cpu_name  # noqa: E402
 
 TFTRAIN = os.path.join(os.path.dirname(sys.executable), "tftrain")
 KINDS = ("jsonl", "text", "csv", "numpy", "images")
@@ -50,18 +50,6 @@ TRAINING = {
 }
 STEPS = "train.steps=100,train.validation_steps=5,train.test_steps=5,data.shuffle_buffer=1000"
 WORDS = 50_000
-
-
-def cpu_name() -> str:
-    """This machine's CPU model (the machines are shared and change between sessions)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
 
 
 # ---- data ------------------------------------------------------------------------------------

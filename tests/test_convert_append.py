@@ -39,6 +39,7 @@ def reviews(tmp_path):
 
 
 def test_append_adds_shards_and_keeps_the_old_files(reviews, tmp_path):
+    (reviews / "notes.txt").write_text("a file tftrain did not write")
     before = fingerprints(reviews)
     old = json.loads((reviews / "dataset.json").read_text())
     write_jsonl(tmp_path / "more.jsonl", make_lines(300, seed=1))
@@ -47,8 +48,8 @@ def test_append_adds_shards_and_keeps_the_old_files(reviews, tmp_path):
                    "--pipeline_options=max_length=16")
     assert done.returncode == 0, done.stderr[-2000:]
     after = fingerprints(reviews)
-    for name, digest in before.items():  # the old shards, byte for byte
-        if name.endswith(".tfrecord"):
+    for name, digest in before.items():  # the old shards and the user's file, byte for byte
+        if name.endswith(".tfrecord") or name == "notes.txt":
             assert after[name] == digest, name
     new = json.loads((reviews / "dataset.json").read_text())
     total = sum(s["num_examples"] for s in new["splits"].values())
@@ -101,7 +102,14 @@ def test_append_needs_a_dataset_and_not_overwrite(tmp_path):
     write_jsonl(tmp_path / "a.jsonl", make_lines(20))
     done = tftrain("convert", "--pipeline=jsonl", f"--input={tmp_path / 'a.jsonl'}",
                    f"--output={tmp_path / 'none'}", "--append")
-    assert done.returncode == 1 and "holds none" in done.stderr or "not a directory" in done.stderr
+    assert done.returncode == 1, done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert "--append adds to a tftrain dataset" in line and "is not a directory" in line, line
+    (tmp_path / "empty").mkdir()
+    done = tftrain("convert", "--pipeline=jsonl", f"--input={tmp_path / 'a.jsonl'}",
+                   f"--output={tmp_path / 'empty'}", "--append")
+    assert done.returncode == 1 and "holds none (no readable dataset.json)" in done.stderr
+    assert os.listdir(tmp_path / "empty") == []
     done = tftrain("convert", "--pipeline=jsonl", f"--input={tmp_path / 'a.jsonl'}",
                    f"--output={tmp_path / 'none'}", "--append", "--overwrite")
     assert done.returncode == 2 and "pass one" in done.stderr
