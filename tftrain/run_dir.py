@@ -41,6 +41,7 @@ CURVES_PNG = "curves.png"  # drawn by tftrain.callbacks.curves
 CURVES_JSON = "curves.json"
 CHECKPOINTS = "checkpoints"
 BACKUP = "backup"
+TRAINING_SHARDS = "training_shards.json"  # in backup/: the shards the run trains on (data.passes)
 LOGS = "logs"
 EXPORT = "export"
 PRUNED = "pruned"

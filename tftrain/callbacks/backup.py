@@ -123,6 +123,11 @@ def resume_point(epoch: int, batch: int, steps_per_epoch: int) -> tuple[int, int
     return epoch + 1, 0
 
 
+def backed_up(backup_dir: str) -> bool:
+    """Whether `backup_dir` holds a backup to resume from."""
+    return tf.train.latest_checkpoint(posixpath.join(backup_dir, "chief")) is not None
+
+
 def steps_done(backup_dir: str, steps_per_epoch: int) -> int:
     """How many steps the backup in `backup_dir` has finished (0 without one): where the data
     of a resumed run starts. Read from the checkpoint before `fit` restores it, with the same

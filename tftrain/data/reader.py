@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Sequence
 
 import tensorflow as tf
 from absl import logging
@@ -169,7 +170,8 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
          service_address: str = "", service_mode: str = "parallel_epochs",
          deterministic: bool | None = None, last_stage: str = "decode",
          start_batch: int = 0, autotune: bool = True,
-         trusted_pipeline: str | None = None) -> tf.data.Dataset:
+         trusted_pipeline: str | None = None,
+         shard_sets: Sequence[tuple[int, Sequence[str]]] = ()) -> tf.data.Dataset:
     """Returns a batched dataset of `(inputs, label)` read from `data_dir`'s `split`.
 
     `batch_size` is the size of the batches this pipeline yields. Under a strategy, use
@@ -183,7 +185,11 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     sees the same batches. With `repeat`, the passes
     follow one another forever and `start_batch` (how many batches of this pipeline were
     consumed before a resume) starts the stream right after them: the skipped records of the
-    current pass are read but not parsed, the earlier passes not read at all. Without `repeat`,
+    current pass are read but not parsed, the earlier passes not read at all. `shard_sets`
+    (with `repeat`; `(from_batch, shard file names)`, the first from 0) reads each set of the
+    split's shards from the first pass boundary at or after its `from_batch` on: a run resumed
+    after `tftrain convert --append` (`tftrain.data.passes`) finishes its pass on the shards it
+    had and reads the new ones from the next. Without `repeat`,
     training yields one pass, reshuffled each time it is iterated. `deterministic=False` lets
     the parallel reads and maps hand over elements out of order (the order is then not exact).
     Examples are batched first and then parsed and decoded a batch at a time; only the
@@ -218,8 +224,9 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
         service_address=service_address, service_mode=service_mode)
     options.check()
     source = open_split(data_dir, split, pipeline, pipeline_options, info, trusted_pipeline)
-    share = Share.of(source.files, input_context, split)
-    for file in share.files:  # before any TensorFlow reader opens them (`dataset_files`)
+    shares = [(from_batch, Share.of(part.files, input_context, split), part)
+              for from_batch, part in _shard_sets(source, shard_sets, options)]
+    for file in {file for _, share, _ in shares for file in share.files}:  # before TF opens them
         dataset_files.check(file, source.directory, source.sizes.get(file))
     parse_and_decode = batch_decoder(
         parse_spec(source.manifest.get("features") or source.pipeline.features(source.info)),
@@ -227,7 +234,7 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     if training and options.seed is None:  # a random order (repeatable under TF's global seed)
         options = dataclasses.replace(options, seed=int(tf.random.uniform([], 1, 2**31 - 1,
                                                                           tf.int64)))
-    examples = _examples(options, share, source, parse_and_decode, batch_size)
+    examples = _examples(options, shares, parse_and_decode, batch_size)
     dataset = examples.batch(batch_size, drop_remainder=options.drop_remainder)
     dataset = _with_known_size(dataset, options, source, input_context, batch_size)
     if cache != "decoded":
@@ -299,6 +306,30 @@ def open_split(data_dir: str, split: str, pipeline: str | None, pipeline_options
                   entry.get("num_examples"))
 
 
+def _shard_sets(source: Source, shard_sets, options: ReadOptions) -> list[tuple[int, Source]]:
+    """`(from_batch, source reading only that set's shards)` for each of `shard_sets`; the
+    whole split from batch 0 without them. Raises DataError for a shard the split lacks."""
+    if not shard_sets:
+        return [(0, source)]
+    if not (options.training and options.repeat):
+        raise DataError("shard_sets need a repeated training input (training=True, repeat=True)")
+    if source.directory is None:
+        raise DataError("shard_sets name shards of a tftrain dataset; other tools' TFRecords "
+                        "have no manifest to name them in")
+    counts = dict(zip(source.files, source.record_counts))
+    parts = []
+    for from_batch, names in shard_sets:
+        files = [manifest_lib.join(source.directory, name) for name in names]
+        missing = [file for file in files if file not in counts]
+        if missing:
+            raise DataError(f"{missing[0]} is not a shard of this split in the manifest of "
+                            f"{source.directory}")
+        parts.append((from_batch, dataclasses.replace(
+            source, files=files, record_counts=[counts[file] for file in files],
+            num_examples=None)))
+    return parts
+
+
 @dataclasses.dataclass(frozen=True)
 class Share:
     """The files one input pipeline reads: whole files when there are at least as many as input
@@ -340,27 +371,40 @@ def _records(share: Share, deterministic: bool, file_seed=None,
     return dataset if share.by_file else dataset.shard(share.num_pipelines, share.pipeline_id)
 
 
-def _examples(options: ReadOptions, share: Share, source: Source, parse_and_decode,
+def _examples(options: ReadOptions, shares: list, parse_and_decode,
               batch_size: int) -> tf.data.Dataset:
     """The examples in reading order, before batching: records (or, with `cache=decoded`,
-    decoded examples), cached, shuffled per pass and streamed from `start_batch` as asked."""
+    decoded examples), cached, shuffled per pass and streamed from `start_batch` as asked.
+    `shares`: `(from_batch, Share, Source)` per set of shards (see `load`'s `shard_sets`)."""
+    segments = [order.Segment(_one_pass(options, share, source, parse_and_decode),
+                              _records_per_pass(share, source), from_batch * batch_size)
+                for from_batch, share, source in shares]
+    if options.training and options.repeat:
+        return order.stream(segments, options.start_batch * batch_size)
+    if options.training:  # one pass, reshuffled each time it is iterated
+        return segments[0].one_pass(0, reshuffle=True)
+    _, share, source = shares[0]
+    dataset = _cached_source(options, share, source, parse_and_decode)()
+    return dataset.repeat() if options.repeat else dataset
+
+
+def _one_pass(options: ReadOptions, share: Share, source: Source, parse_and_decode):
+    """`one_pass(index, reshuffle=False)`: training pass `index` of `share`, its files and
+    records shuffled with the pass's own seed."""
     read = _cached_source(options, share, source, parse_and_decode)
 
     def one_pass(index, reshuffle=False) -> tf.data.Dataset:
-        """Training pass `index`: files and records shuffled with the pass's own seed."""
         pass_seed = order.pass_seed(options.seed, index)
         return read(pass_seed, reshuffle).shuffle(options.shuffle_buffer, seed=pass_seed,
                                                   reshuffle_each_iteration=reshuffle)
+    return one_pass
 
-    if options.training and options.repeat:
-        return order.stream(one_pass, options.start_batch * batch_size,
-                            lambda: order.records_per_pipeline(
-                                source.record_counts, source.files, share.num_pipelines, share.pipeline_id,
-                                share.by_file))
-    if options.training:  # one pass, reshuffled each time it is iterated
-        return one_pass(0, reshuffle=True)
-    dataset = read()
-    return dataset.repeat() if options.repeat else dataset
+
+def _records_per_pass(share: Share, source: Source):
+    """`records()`: how many records one pass of `share` yields (counted when first asked)."""
+    return lambda: order.records_per_pipeline(source.record_counts, source.files,
+                                              share.num_pipelines, share.pipeline_id,
+                                              share.by_file)
 
 
 def _cached_source(options: ReadOptions, share: Share, source: Source, parse_and_decode):
@@ -433,7 +477,8 @@ def check_fixed_shapes(dataset: tf.data.Dataset, pipeline_name: str) -> None:
 
 
 def load_distributed(strategy: tf.distribute.Strategy, data_dir: str, split: str,
-                     global_batch_size: int, training: bool, start_step: int = 0, **kwargs):
+                     global_batch_size: int, training: bool, start_step: int = 0,
+                     shard_sets: Sequence[tuple[int, Sequence[str]]] = (), **kwargs):
     """`load` for `strategy`: the one place where the global batch size is split over replicas.
 
     `global_batch_size` counts examples over all replicas and workers and must divide evenly.
@@ -443,7 +488,8 @@ def load_distributed(strategy: tf.distribute.Strategy, data_dir: str, split: str
     replicas itself (sharding it automatically across workers), so no step count is needed and
     the last partial batch is kept. Static shapes (TPU) need `drop_remainder=True`.
     `start_step` (training, with `repeat=True`): the steps a resumed run already made; every
-    pipeline starts after the per-replica batches its replicas consumed in them.
+    pipeline starts after the per-replica batches its replicas consumed in them. `shard_sets`:
+    `(from_step, shard names)` (see `load`, which counts them in its own batches).
     `kwargs` go to `load`.
     """
     replicas = strategy.num_replicas_in_sync
@@ -459,9 +505,15 @@ def load_distributed(strategy: tf.distribute.Strategy, data_dir: str, split: str
         replicas_per_pipeline = replicas // input_context.num_input_pipelines
         return load(data_dir, split, input_context.get_per_replica_batch_size(global_batch_size),
                     training, input_context=input_context,
-                    start_batch=start_step * replicas_per_pipeline, **kwargs)
+                    start_batch=start_step * replicas_per_pipeline,
+                    shard_sets=in_batches(shard_sets, replicas_per_pipeline), **kwargs)
 
     return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def in_batches(shard_sets: Sequence[tuple[int, Sequence[str]]], batches_per_step: int) -> list:
+    """`shard_sets` counted in steps, counted in the batches of one input pipeline."""
+    return [(from_step * batches_per_step, names) for from_step, names in shard_sets]
 
 
 def input_workers(strategy: tf.distribute.Strategy) -> int:

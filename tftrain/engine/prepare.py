@@ -49,7 +49,8 @@ class Run:
 
 
 def prepare(config: config_lib.Config, backend: Backend, *, convert_data: bool = True,
-            on_config: Callable[[config_lib.Config], None] = lambda config: None) -> Run:
+            on_config: Callable[[config_lib.Config], None] = lambda config: None,
+            train_examples: int | None = None) -> Run:
     """Resolves the task, sets up the backend, finds (or converts) the dataset, plans the
     steps, and builds and compiles the model inside the backend.
 
@@ -57,6 +58,8 @@ def prepare(config: config_lib.Config, backend: Backend, *, convert_data: bool =
     receives the resolved config as soon as it is known, and again if converting the dataset
     resolved more of it (`train` writes it to params.yaml). `convert_data=False` forbids
     converting the config's embedded data into a missing dataset (see `ensure_dataset`).
+    `train_examples` plans the steps over that many training examples instead of the split's
+    (a resumed run keeps the plan it started with when its dataset has grown since).
     """
     config, task = resolve_task(config)  # None while the dataset is still to be converted
     on_config(config)
@@ -65,15 +68,15 @@ def prepare(config: config_lib.Config, backend: Backend, *, convert_data: bool =
     if task is None:  # converted just now, or TFRecords of other tools
         config, task = tasks.resolve(config, manifest)
         on_config(config)
-    plan = plan_for(config, manifest)
+    plan = plan_for(config, manifest, train_examples)
     model, trainer = backend.build(config, manifest, plan)
     return Run(config, backend, manifest, plan, task, model, trainer, policy)
 
 
-def plan_for(config: config_lib.Config, manifest: dict) -> StepPlan:
-    """The run's step plan over its training split; a split smaller than one step is an error
-    (the training input drops partial batches: it would be empty)."""
-    examples = manifest_lib.typed(manifest).examples(config.data.train_split)
+def plan_for(config: config_lib.Config, manifest: dict, examples: int | None = None) -> StepPlan:
+    """The run's step plan over its training split (or `examples` of it); a split smaller than
+    one step is an error (the training input drops partial batches: it would be empty)."""
+    examples = examples or manifest_lib.typed(manifest).examples(config.data.train_split)
     per_step = config.data.batch_size * config.train.grad_accum_steps
     if examples < per_step:
         raise DataError(f"split {config.data.train_split!r} of {config.data.dir} has {examples} "

@@ -21,6 +21,7 @@ from tftrain import config as config_lib
 from tftrain import rules, run_dir, tasks
 from tftrain.engine import backends, hparams
 from tftrain.engine.prepare import prepare
+from tftrain.data import passes
 from tftrain.training import optimizers
 from tftrain.training.steps import StepPlan
 from tftrain.runtime import cluster, launch
@@ -68,17 +69,23 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     #    labels unless task.type says), seeds and precision, the dataset (converted the first
     #    time it is needed), the step plan, and the model compiled inside the backend.
     #    params.yaml records the resolved config; the chief locks the run directory.
+    #    A resumed run keeps the plan it started with (its dataset may have grown since).
+    backup_dir = join(model_dir, run_dir.BACKUP)
+    shards = passes.recorded(backup_dir) if backup_lib.backed_up(backup_dir) else None
     run_ = prepare(config, backend, convert_data=convert_data,
-                   on_config=RunDirectory(model_dir, overwrite, backend.chief).record)
+                   on_config=RunDirectory(model_dir, overwrite, backend.chief).record,
+                   train_examples=shards.examples if shards else None)
     config, plan, model, trainer = run_.config, run_.plan, run_.model, run_.trainer
 
     # 4. Fit, resuming from model_dir/backup/ when an earlier attempt was interrupted: a
-    #    resumed run reads on from the batches the backed-up steps consumed.
-    backup = backup_lib.Backup(join(model_dir, run_dir.BACKUP), config.train.backup_every_steps)
+    #    resumed run reads on from the batches the backed-up steps consumed, on the shards it
+    #    had until its pass ends (new shards, appended since, from the next: `data.passes`).
+    backup = backup_lib.Backup(backup_dir, config.train.backup_every_steps)
     if backend.random_state is not None:  # train.deterministic: resumed with the backup
         backup.trackables["random_state"] = backend.random_state
-    train_data = backend.training_data(
-        config, backup_lib.steps_done(join(model_dir, run_dir.BACKUP), plan.steps_per_epoch))
+    start_step = backup_lib.steps_done(backup_dir, plan.steps_per_epoch)
+    train_data = backend.training_data(config, start_step, shard_sets=passes.for_run(
+        backup_dir, shards, config.data, run_.manifest, start_step, backend.chief))
     timer = StepTimer(run_.examples_per_step)
     callbacks = make_callbacks(config.train, model_dir, plan, backup, timer, sigterm,
                                chief=backend.chief, task=run_.task,

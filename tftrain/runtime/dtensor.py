@@ -60,9 +60,10 @@ def create_mesh(runtime: config_lib.RuntimeConfig):
 
 
 def make_dataset(mesh, config: config_lib.Config, split: str, training: bool,
-                 start_step: int = 0, keep_batches: int = 0, **changes):
+                 start_step: int = 0, keep_batches: int = 0, shard_sets=(), **changes):
     """A repeated `DTensorDataset` of `split`: global batches split over the mesh's `batch`
-    (training: starting after the `start_step` steps a resumed run already made). `changes`
+    (training: starting after the `start_step` steps a resumed run already made, reading
+    `shard_sets` as `reader.load_distributed` does). `changes`
     replace `reader.load` options; `keep_batches` > 0 reads that many global batches once and
     replays them from memory (what `tftrain doctor` times the model alone on)."""
     replicas = mesh.dim_size(dtensor_layouts.BATCH)
@@ -70,6 +71,7 @@ def make_dataset(mesh, config: config_lib.Config, split: str, training: bool,
                    cache=config.data.cache, drop_remainder=True, repeat=True,
                    seed=config.train.seed, deterministic=True,
                    start_batch=start_step * replicas,  # each step takes one per replica
+                   shard_sets=reader.in_batches(shard_sets, replicas),
                    **foreign.load_kwargs(config.data))
     dataset = reader.load(config.data.dir, split, config.data.batch_size // replicas,
                           **{**options, **changes})
