@@ -26,6 +26,9 @@ class Row:
     key: str
     value: Any
     split: str | None = None
+    # The key its split is drawn from when it is not `key` (a window of packed text draws the
+    # split of the passage it was cut from, also under --splits).
+    split_key: str | None = None
 
 
 class BasePipeline(abc.ABC):
@@ -39,6 +42,15 @@ class BasePipeline(abc.ABC):
 
     def __init__(self, **options):
         self.options = options
+        # Files kept beside the shards (name in manifest.ASSET_NAMES -> bytes): set by `prepare`
+        # when it makes one (a tokenizer model), or loaded from a dataset by `load_assets`.
+        self.assets: dict[str, bytes] = {}
+
+    def load_assets(self, data_dir: str, manifest: dict) -> None:
+        """Loads the assets of the dataset in `data_dir` (each checked against its hash)."""
+        from tftrain.data import manifest as manifest_lib
+
+        self.assets = manifest_lib.read_assets(data_dir, manifest)
 
     def known_num_rows(self, source: str) -> int | None:
         """How many rows `source` holds when that is known without reading it, else None.

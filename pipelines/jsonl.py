@@ -10,6 +10,14 @@ signature) map a text to exactly the same ids: 0 = padding, 1 = out-of-vocabular
 2, padded or truncated to `max_length`, returning `(int32 ids [batch, max_length], int32
 label)`. The records keep the raw text (`text`) and the class id (`label`).
 
+`tokenizer=sentencepiece`: subword tokens instead, a SentencePiece model of at most
+`vocab_size` ids (default 8000) trained on the same sample of training texts
+(`pipelines.subwords`), stored beside the shards as `tokenizer.model`; the records then hold
+the ids (`tokens`, int64 [max_length], the first `max_length` ids padded with 0), so reading
+costs no tokenization, and the export tokenizes raw text with tensorflow-text's
+`SentencepieceTokenizer` over the same model, giving the same ids. Lossless: no lowercasing
+(`lowercase=` is refused with it), no punctuation stripped, no word out of vocabulary.
+
 Standardize: `lower_and_strip_punctuation` (or `strip_punctuation` with `lowercase=false`),
 then a split on whitespace. Datasets converted before (their `info` has no `tokenizer`) keep
 their own rule, ASCII punctuation replaced by a space, so their ids do not change.
@@ -17,8 +25,9 @@ their own rule, ASCII punctuation replaced by a space, so their ids do not chang
 Labels: integers are class ids (`num_classes` = max + 1); strings are class names, mapped to
 ids in sorted order (`info["class_names"]`).
 
-Options: text_key (default `text`), label_key (`label`), vocab_size (10000, including the
-padding and out-of-vocabulary ids), max_length (128), lowercase (true), vocab_sample_mb (16):
+Options: text_key (default `text`), label_key (`label`), tokenizer (`TextVectorization` or
+`sentencepiece`), vocab_size (10000, 8000 for sentencepiece, including the padding and
+out-of-vocabulary ids), max_length (128), lowercase (true), vocab_sample_mb (16):
 the vocabulary is adapted over at most this many MB of training text, a seeded reservoir
 sample once the training texts are larger (`info["vocabulary_sample"]` says how many texts of
 how many), so converting takes the same memory whatever the corpus's size.
@@ -35,20 +44,22 @@ from __future__ import annotations
 
 import json
 import posixpath
-import random
 
 from pipelines.base import BasePipeline, Row
 from pipelines.options import check_known, get_bool, get_int, get_str
-from pipelines import class_ids
+from pipelines import class_ids, subwords
 from pipelines.sources import list_files, source_splits, text_lines, undecodable
+from pipelines.text_sample import TextSample
 from tftrain.data import example_bytes
+from tftrain.data.manifest import TOKENIZER_MODEL
 from tftrain.errors import BadRow, ConfigError
 
-OPTIONS = ("text_key", "label_key", "vocab_size", "max_length", "lowercase", "vocab_sample_mb")
-SAMPLE_SEED = 0  # the reservoir's: the same corpus always gives the same vocabulary
+OPTIONS = ("text_key", "label_key", "vocab_size", "max_length", "lowercase", "vocab_sample_mb",
+           "tokenizer")
 EXTENSIONS = (".jsonl", ".ndjson")
 PAD_ID, OOV_ID, FIRST_WORD_ID = 0, 1, 2
 TOKENIZER = "TextVectorization"
+TOKENIZERS = (TOKENIZER, subwords.NAME)
 EMBEDDED = "unicodedata"
 EMBEDDED_CLASSES = {"L": "letter", "M": "mark", "N": "number", "P": "punctuation",
                     "S": "symbol"}
@@ -127,37 +138,6 @@ class _Vectorizers:
         return {"_layers": {}}
 
 
-class TextSample:
-    """The texts a vocabulary is adapted over, within `max_bytes`: every text while they fit,
-    then a seeded reservoir sample (each text seen is kept with the same probability) of as
-    many texts as had fitted."""
-
-    def __init__(self, max_bytes: int, seed: int = SAMPLE_SEED):
-        self.max_bytes, self.seed = max_bytes, seed
-        self.texts: list[str] = []
-        self.seen = self.bytes = 0
-        self._capacity = None  # fixed when the texts stop fitting
-        self._random = random.Random(seed)
-
-    def add(self, text: str) -> None:
-        """Offers one text to the sample."""
-        self.seen += 1
-        if self._capacity is None:
-            self.texts.append(text)
-            self.bytes += len(text)
-            if self.bytes > self.max_bytes:
-                self._capacity = len(self.texts)
-            return
-        slot = self._random.randrange(self.seen)
-        if slot < self._capacity:
-            self.texts[slot] = text
-
-    def describe(self) -> dict:
-        """What the vocabulary was adapted over, for the manifest."""
-        return {"texts": len(self.texts), "of_texts": self.seen, "max_mb": self.max_bytes >> 20,
-                "seed": self.seed, "sampled": self._capacity is not None}
-
-
 class Pipeline(BasePipeline):
     """JSON Lines text classification; see the module docstring."""
 
@@ -169,11 +149,22 @@ class Pipeline(BasePipeline):
         super().__init__(**options)
         self.text_key = get_str(options, "text_key", "text")
         self.label_key = get_str(options, "label_key", "label")
-        self.vocab_size = get_int(options, "vocab_size", 10_000, minimum=3)
+        self.tokenizer = get_str(options, "tokenizer", TOKENIZER)
+        if self.tokenizer not in TOKENIZERS:
+            raise ConfigError(f"tokenizer={self.tokenizer!r} is not one of "
+                              f"{', '.join(TOKENIZERS)} (pipeline jsonl)")
+        subword = self.tokenizer == subwords.NAME
+        if subword and "lowercase" in options:
+            raise ConfigError("lowercase= is an option of tokenizer=TextVectorization; "
+                              "tokenizer=sentencepiece keeps the text as it is (pipeline jsonl)")
+        self.vocab_size = get_int(options, "vocab_size", 8000 if subword else 10_000,
+                                  minimum=subwords.MIN_VOCAB_SIZE if subword else 3)
         self.max_length = get_int(options, "max_length", 128, minimum=1)
         self.lowercase = get_bool(options, "lowercase", True)
         self.vocab_sample_mb = get_int(options, "vocab_sample_mb", 16, minimum=1)
         self._vectorizers = _Vectorizers()
+        self._subword_model = None  # the SentencePiece model of `assets`, when encoding
+        self._graph_tokenizer = None  # its in-graph twin, for the export
 
     def _lines(self, source: str):
         """Yields (key, line, source split) for every non-blank line, streaming."""
@@ -232,13 +223,8 @@ class Pipeline(BasePipeline):
         if not (str_labels or int_labels):
             raise ConfigError(f"no valid {{{self.text_key!r}: ..., {self.label_key!r}: ...}} lines "
                               f"in {source!r}; set text_key=/label_key= if the keys differ.")
-        standardize = "lower_and_strip_punctuation" if self.lowercase else "strip_punctuation"
-        info = {"tokenizer": TOKENIZER, "standardize": standardize, "split": "whitespace",
-                "max_length": self.max_length, "lowercase": self.lowercase,
-                "source": source or EMBEDDED}
-        info["vocabulary"] = self._adapt(texts.texts, info)
-        info["vocabulary_sample"] = texts.describe()
-        info["vocab_size"] = len(info["vocabulary"]) + FIRST_WORD_ID
+        info = {**self._fit_tokenizer(texts), "vocabulary_sample": texts.describe(),
+                "max_length": self.max_length, "source": source or EMBEDDED}
         if len(str_labels) >= len(int_labels) and str_labels:
             info["class_names"] = sorted(str_labels)
             info["num_classes"] = len(str_labels)
@@ -246,6 +232,20 @@ class Pipeline(BasePipeline):
             info["num_classes"] = class_ids.num_classes(largest[0], len(int_labels),
                                                         f"line {largest[1]}")
         return info
+
+    def _fit_tokenizer(self, texts: TextSample) -> dict:
+        """The tokenizer's part of `info`, fitted on the sampled training texts: a SentencePiece
+        model (kept in `assets`, written beside the shards) or a TextVectorization vocabulary."""
+        if self.tokenizer == subwords.NAME:
+            model = subwords.train(texts.texts, self.vocab_size)
+            self.assets = {TOKENIZER_MODEL: model}
+            return {"tokenizer": subwords.NAME, "tokenizer_model": TOKENIZER_MODEL,
+                    "vocab_size": subwords.Subwords(model).vocab_size}
+        standardize = "lower_and_strip_punctuation" if self.lowercase else "strip_punctuation"
+        info = {"tokenizer": TOKENIZER, "standardize": standardize, "split": "whitespace",
+                "max_length": self.max_length, "lowercase": self.lowercase}
+        vocabulary = self._adapt(texts.texts, info)
+        return {**info, "vocabulary": vocabulary, "vocab_size": len(vocabulary) + FIRST_WORD_ID}
 
     def _adapt(self, texts: list[str], info: dict) -> list[str]:
         """The words of a `TextVectorization` adapted over `texts` (padding and OOV left out)."""
@@ -263,6 +263,9 @@ class Pipeline(BasePipeline):
                 yield Row(key=key, value=line, split=split)
 
     def features(self, info):
+        if info.get("tokenizer") == subwords.NAME:  # the ids, tokenized at conversion
+            return {"tokens": {"dtype": "int64", "shape": [int(info["max_length"])]},
+                    "label": {"dtype": "int64", "shape": []}}
         return {"text": {"dtype": "string", "shape": []}, "label": {"dtype": "int64", "shape": []}}
 
     def encode(self, row, info):
@@ -274,20 +277,39 @@ class Pipeline(BasePipeline):
             label = names.index(label)
         elif not isinstance(label, int) or not 0 <= label < info["num_classes"]:
             raise BadRow(f"label {label!r} is not a class id in 0..{info['num_classes'] - 1}")
+        if info.get("tokenizer") == subwords.NAME:
+            length = int(info["max_length"])
+            ids = self._subwords().encode(text)[:length]
+            return example_bytes.example({
+                "tokens": example_bytes.int64_feature(ids + [subwords.PAD_ID] * (length - len(ids))),
+                "label": example_bytes.int64_feature(label)})
         return example_bytes.example({"text": example_bytes.bytes_feature(text),
                                       "label": example_bytes.int64_feature(label)})
+
+    def _subwords(self) -> subwords.Subwords:
+        if self._subword_model is None:
+            self._subword_model = subwords.Subwords.of(self.assets)
+        return self._subword_model
 
     def text_inputs(self, texts, info):
         """The model's inputs for a batch of raw strings `texts` [batch]: int32 token ids
         [batch, max_length], exactly as `decode` gives them (the export's raw-text signature)."""
         import tensorflow as tf
 
+        if info.get("tokenizer") == subwords.NAME:
+            if self._graph_tokenizer is None:
+                self._graph_tokenizer = subwords.graph_tokenizer(self._subwords().model)
+            ids = self._graph_tokenizer.tokenize(texts)
+            return ids.to_tensor(default_value=subwords.PAD_ID, shape=[None, int(info["max_length"])])
         return tf.cast(self._vectorizers.get(info)(texts), tf.int32)
 
     def decode(self, features, info):
         import tensorflow as tf
 
-        return self.text_inputs(features["text"], info), tf.cast(features["label"], tf.int32)
+        label = tf.cast(features["label"], tf.int32)
+        if info.get("tokenizer") == subwords.NAME:
+            return tf.cast(features["tokens"], tf.int32), label
+        return self.text_inputs(features["text"], info), label
 
 
 def _adapting_layer(info: dict, vocab_size: int):

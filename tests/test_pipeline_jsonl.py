@@ -158,7 +158,7 @@ def test_a_keras_model_trains_on_the_token_ids(tmp_path):
 
 
 def test_the_vocabulary_sample_is_bounded_and_seeded():
-    from pipelines.jsonl import TextSample
+    from pipelines.text_sample import TextSample
 
     small = TextSample(max_bytes=100)
     for text in ("a b", "c d"):

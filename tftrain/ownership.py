@@ -45,7 +45,7 @@ CLAIM_SUFFIX = ".claim"
 _OWN_DATASET_FILE = re.compile(
     r"[^/\\.][^/\\]*-\d{5,}-of-\d{5,}\.tfrecord|\.[^/\\]+\.tmp-[\w.-]+|[^/\\]+\.tmp-\d+")
 _DATASET_FILES = {manifest_lib.MANIFEST_NAME, manifest_lib.BAD_ROWS_NAME, dir_lock.CONVERT_LOCK,
-                  CONVERT_MARKER}
+                  CONVERT_MARKER, *manifest_lib.ASSET_NAMES}
 
 
 def listing(directory: str) -> set[str]:
@@ -169,6 +169,7 @@ def _manifest_files(manifest: dict) -> set[str]:
     files = {manifest_lib.MANIFEST_NAME}
     for split in manifest.get("splits", {}).values():
         files |= {shard["file"] for shard in split.get("shards", [])}
+    files |= {asset["file"] for asset in manifest.get("assets", [])}
     bad_rows = manifest.get("bad_rows", {}).get("file")
     return files | ({bad_rows} if bad_rows else set())
 

@@ -114,7 +114,7 @@ def write_dataset_beam(pipeline, source: str, output_dir: str, *, beam_options: 
     plan, _ = writer.make_plan(pipeline, source, info, output_dir, splits=splits,
                                num_shards=num_shards, shard_size_mb=shard_size_mb, workers=1,
                                seed=seed)
-    with writer.claim_output_dir(plan, overwrite):
+    with writer.claim_output_dir(plan, overwrite, assets=pipeline.assets):
         partitions = max(MIN_READ_PARTITIONS, min(64, sum(plan.shards.values())))
         key = shard_worker.label_key(pipeline.features(info), info)
         encode = type("EncodeFn", (_EncodeFn, beam.DoFn), {})(pipeline, info, plan, key)

@@ -81,6 +81,8 @@ def describe(data_dir: str) -> str:
              f"source: {manifest.get('source') or '(embedded)'}"]
     if "image/encoded" in manifest["features"]:
         lines.append(f"images: {image_encoding(manifest.get('info', {}))}")
+    if manifest.get("info", {}).get("tokenizer"):
+        lines.append(f"tokenizer: {tokenizer_line(manifest)}")
     lines.append("features:")
     width = max(map(len, manifest["features"]), default=0)
     for name, feature in sorted(manifest["features"].items()):
@@ -96,6 +98,21 @@ def describe(data_dir: str) -> str:
                  + (f" (listed in {join(data_dir, bad['file'])})" if bad.get("file") else ""))
     lines += _label_table(data_dir, manifest)
     return "\n".join(lines)
+
+
+def tokenizer_line(manifest: dict) -> str:
+    """A text dataset's tokenizer, as `describe` shows it: its kind, ids, model file and sample."""
+    info = manifest["info"]
+    line = f"{info['tokenizer']}, {info.get('vocab_size', '?')} ids"
+    model = next((a for a in manifest.get("assets", [])
+                  if a["file"] == info.get("tokenizer_model")), None)
+    if model:
+        line += f" (model {model['file']}, {_size(model['bytes'])}, sha256 {model['sha256'][:12]})"
+    sample = info.get("vocabulary_sample")
+    if isinstance(sample, dict) and "texts" in sample:
+        line += (f"; fitted on {sample['texts']:,} of {sample.get('of_texts', '?'):,} training "
+                 "texts" + (" (a seeded sample)" if sample.get("sampled") else ""))
+    return line
 
 
 def image_encoding(info: dict) -> str:
@@ -210,7 +227,13 @@ def verify(data_dir: str, threads: int = 4) -> list[Problem]:
             for entry in manifest["splits"].values() for shard in entry["shards"]]
     with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
         results = pool.map(lambda job: verify_shard(job[0], job[1], spec), jobs)
-        return [problem for problems in results for problem in problems]
+        found = [problem for problems in results for problem in problems]
+    for entry in manifest.get("assets", []):
+        try:
+            manifest_lib.read_asset(data_dir, manifest, entry["file"])
+        except DataError as e:
+            found.append(Problem(entry["file"], str(e)))
+    return found
 
 
 def verify_or_raise(data_dir: str) -> str:

@@ -5,11 +5,16 @@ Layout:
      "features": {name: {"dtype": ..., "shape": [...]}}, "info": {...pipeline metadata...},
      "splits": {"train": {"num_examples": N, "shards": [
          {"file": "train-00000-of-00002.tfrecord", "num_examples": n, "bytes": b, "sha256": h}]}},
-     "bad_rows": {"count": k, "file": "bad_rows.jsonl"}}
+     "bad_rows": {"count": k, "file": "bad_rows.jsonl"},
+     "assets": [{"file": "tokenizer.model", "bytes": b, "sha256": h}]}   (when a pipeline has any)
+
+Assets are files a pipeline keeps beside the shards (a SentencePiece model): named in
+`ASSET_NAMES` only, and read back through `read_asset`, which checks their size and hash.
 """
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 import re
 
@@ -17,10 +22,13 @@ import tensorflow as tf
 
 from tftrain.data.record_file import FRAME_BYTES
 from tftrain.errors import DataError
-from tftrain.fileio import is_local, join, read_json, resolves_inside, write_json
+from tftrain.fileio import (is_local, is_regular_file, join, read_bytes, read_json,
+                            resolves_inside, write_json)
 
 MANIFEST_NAME = "dataset.json"
 BAD_ROWS_NAME = "bad_rows.jsonl"
+TOKENIZER_MODEL = "tokenizer.model"
+ASSET_NAMES = (TOKENIZER_MODEL,)  # the only names a dataset's assets may have
 FORMAT = "tftrain.dataset/1"
 
 
@@ -147,6 +155,7 @@ def validate(manifest, path: str = MANIFEST_NAME) -> Manifest:
         splits[name] = _check_split(f"splits.{name}", entry, problem)
     if not splits and "splits" in manifest:
         problem("splits", "no split")
+    _check_assets(manifest.get("assets", []), problem)
     bad_rows = _mapping(manifest, "bad_rows", problem, required=False)
     if bad_rows and not _count(bad_rows.get("count")):
         problem("bad_rows.count", f"{bad_rows.get('count')!r} is not a non-negative integer")
@@ -264,6 +273,48 @@ def _check_shard(where: str, shard, problem) -> Shard:
         problem(f"{where}.sha256", f"{sha256!r} is not a sha256 in hex")
     return Shard(file if isinstance(file, str) else "", count, size if _count(size) else 0,
                  sha256 if isinstance(sha256, str) else "")
+
+
+def _check_assets(assets, problem) -> None:
+    if not isinstance(assets, list):
+        problem("assets", f"a {type(assets).__name__}, not a list")
+        return
+    for i, entry in enumerate(assets):
+        where = f"assets[{i}]"
+        if not isinstance(entry, dict) or entry.get("file") not in ASSET_NAMES:
+            problem(where, f"{_short(entry)} is not an asset named {' or '.join(ASSET_NAMES)}")
+        elif not _count(entry.get("bytes")) or not (
+                isinstance(entry.get("sha256"), str) and _SHA256.fullmatch(entry["sha256"])):
+            problem(where, "needs a byte count and a sha256 in hex")
+
+
+def asset_entry(name: str, content: bytes) -> dict:
+    """The manifest's entry of asset `name` holding `content`."""
+    return {"file": name, "bytes": len(content), "sha256": hashlib.sha256(content).hexdigest()}
+
+
+def read_asset(data_dir: str, manifest: dict, name: str) -> bytes:
+    """The bytes of the dataset's asset `name`, checked against the manifest's size and hash;
+    DataError when it is not listed, missing, not a regular file inside `data_dir`, or altered."""
+    entry = next((a for a in manifest.get("assets", []) if a.get("file") == name), None)
+    path = join(data_dir, name)
+    if entry is None:
+        raise DataError(f"the dataset in {data_dir} lists no {name}; convert it again.")
+    if not tf.io.gfile.exists(path) or (is_local(path) and not (
+            is_regular_file(path) and resolves_inside(path, data_dir))):
+        raise DataError(f"{path} is missing or not a regular file inside {data_dir}; convert the "
+                        "dataset again.")
+    content = read_bytes(path)
+    if asset_entry(name, content) != entry:
+        raise DataError(f"{path} is not the file the dataset was converted with (its size or "
+                        "sha256 differs from dataset.json); convert the dataset again.")
+    return content
+
+
+def read_assets(data_dir: str, manifest: dict) -> dict[str, bytes]:
+    """Every asset of the dataset in `data_dir`, by name, each checked (`read_asset`)."""
+    return {entry["file"]: read_asset(data_dir, manifest, entry["file"])
+            for entry in manifest.get("assets", [])}
 
 
 def write(data_dir: str, manifest: dict) -> None:

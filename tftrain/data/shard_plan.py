@@ -48,7 +48,8 @@ class ShardPlan:
 
     def split_of(self, row) -> str:
         """The split of a row: its source split, unless --splits re-splits everything."""
-        return split_of(row.key, row.split, self.fractions, self.default_fractions)
+        return split_of(row.split_key or row.key, row.split, self.fractions,
+                        self.default_fractions)
 
     def num_shards(self, split: str) -> int:
         """The number of shards of `split`."""

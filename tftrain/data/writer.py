@@ -42,7 +42,7 @@ from tftrain.data import processes, shard_plan, shard_worker
 from tftrain.data.progress import Progress
 from tftrain.data.record_file import RecordFile
 from tftrain.errors import ConfigError, DataError, TftrainError
-from tftrain.fileio import join, remove
+from tftrain.fileio import join, remove, write_atomic
 
 BAD_ROWS_NAME = manifest_lib.BAD_ROWS_NAME
 # Entries that stay when a conversion clears tftrain's earlier files or fails.
@@ -85,12 +85,14 @@ def _refuse_collisions(contents: ownership.DatasetContents, writes: set[str]) ->
 
 
 @contextlib.contextmanager
-def claim_output_dir(plan, overwrite: bool, append_to: dict | None = None) -> Iterator[None]:
+def claim_output_dir(plan, overwrite: bool, append_to: dict | None = None,
+                     assets: dict | None = None) -> Iterator[None]:
     """Holds `plan.output_dir` for one conversion (see the module doc): locked, checked,
-    marked as this run's, tftrain's earlier files cleared; the marker goes when done.
+    marked as this run's, tftrain's earlier files cleared, the pipeline's `assets` written;
+    the marker goes when done.
 
     `append_to` (the dataset's manifest, `convert --append`): the dataset's own files stay, and
-    so does its manifest until the new one replaces it."""
+    so does its manifest until the new one replaces it (its assets are the dataset's)."""
     output_dir = plan.output_dir
     tf.io.gfile.makedirs(output_dir)
     with dir_lock.exclusive(output_dir, dir_lock.CONVERT_LOCK, "tftrain convert"):
@@ -98,7 +100,8 @@ def claim_output_dir(plan, overwrite: bool, append_to: dict | None = None) -> It
             contents = appendable(output_dir, append_to)
         else:
             contents = check_output_dir(output_dir, overwrite)
-        writes = set(plan.file_names()) | {BAD_ROWS_NAME, manifest_lib.MANIFEST_NAME}
+        new_assets = dict(assets or {}) if append_to is None else {}
+        writes = set(plan.file_names()) | {BAD_ROWS_NAME, manifest_lib.MANIFEST_NAME} | set(new_assets)
         _refuse_collisions(contents, writes)
         earlier = contents.mine - _KEPT - (contents.listed() if append_to is not None else set())
         ownership.write_convert_marker(output_dir, plan.run_id, writes | earlier)
@@ -107,6 +110,8 @@ def claim_output_dir(plan, overwrite: bool, append_to: dict | None = None) -> It
             remove(join(output_dir, manifest_lib.MANIFEST_NAME), within=output_dir)
         for name in sorted(earlier - {manifest_lib.MANIFEST_NAME}):
             remove(join(output_dir, name), within=output_dir)
+        for name, content in new_assets.items():
+            write_atomic(join(output_dir, name), content)
         yield
         done = ownership.dataset_contents(output_dir)
         for name in sorted(done.mine - done.listed() - _KEPT):
@@ -146,12 +151,13 @@ def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
     info = pipeline.prepare(source)
     if existing is not None:
         info = appended_info(pipeline, existing, info, output_dir)
+        pipeline.load_assets(output_dir, existing)  # the dataset's tokenizer, not a new one
     plan, estimated_rows = make_plan(pipeline, source, info, output_dir, splits=splits,
                                      num_shards=num_shards, shard_size_mb=shard_size_mb,
                                      workers=workers, seed=seed,
                                      generation=len(existing.get("appends", ())) + 1
                                      if existing is not None else 0)
-    with claim_output_dir(plan, overwrite, existing):
+    with claim_output_dir(plan, overwrite, existing, pipeline.assets):
         meter = Progress(estimated_rows, label=f"convert {pipeline.name}") if progress else None
         try:
             if plan.num_workers == 1:
@@ -383,6 +389,9 @@ def finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction,
                              **({"file": BAD_ROWS_NAME} if num_bad else {})},
                 "label_key": shard_worker.label_key(pipeline.features(info), info),
                 "workers": plan.num_workers, "seed": plan.seed}
+    if pipeline.assets:
+        manifest["assets"] = [manifest_lib.asset_entry(name, content)
+                              for name, content in sorted(pipeline.assets.items())]
     if existing is not None:
         manifest = appended(existing, manifest)
     manifest_lib.write(plan.output_dir, manifest)

@@ -18,9 +18,11 @@ Signatures (TF Serving's Predict API takes any of them, its Classify API the `cl
   `tf_keras.models.load_model` and tensor clients use.
 - `serving_examples`: `examples`, a string [None] of serialized `tf.train.Example`s with the
   dataset's features -> `logits`, `probabilities`, `class_ids` (int64) and `classes` (class names).
-- `serving_text`, for a pipeline that tokenizes raw text (`pipeline.text_inputs`, e.g. jsonl):
-  `text`, a string [None] of raw texts -> the outputs of `serving_examples`; the tokenizer
-  (its vocabulary from the dataset's manifest) is part of the SavedModel.
+- `serving_text`, for a pipeline that tokenizes raw text (`pipeline.text_inputs`: jsonl, and
+  text's language models): `text`, a string [None] of raw texts -> the outputs of
+  `serving_examples` (a language model's `token_ids` too: the ids its logits are of); the
+  tokenizer (its vocabulary from the dataset's manifest, or tensorflow-text's
+  `SentencepieceTokenizer` over the dataset's `tokenizer.model`) is part of the SavedModel.
 - `classify`: `inputs` (serialized Examples) -> `classes` (string [None, K], the class names)
   and `scores` (float32 [None, K]): the names TF Serving's Classify API reads. TF2 SavedModels
   write every signature with the predict method name, which TF Serving accepts unless it runs
@@ -91,6 +93,12 @@ def export(model, export_dir: str, data=None, manifest: dict | None = None) -> s
             remove(join(export_dir, name), within=export_dir)
     logging.info("exported SavedModel to %s", path)
     return path
+
+
+def register_text_ops() -> None:
+    """Registers tensorflow-text's ops in this process; call it before loading an export: one
+    whose raw-text signature tokenizes with SentencePiece holds them (TensorFlow does not)."""
+    import tensorflow_text  # noqa: F401  (importing registers the ops)
 
 
 def save_saved_model(model, path: str, signatures: dict | None = None) -> None:
@@ -165,6 +173,8 @@ def example_signatures(model, data, manifest: dict) -> tuple[dict, list]:
     info = manifest.get("info", {})
     pipeline = dataset_pipeline(manifest["pipeline"], source.get("pipeline"),
                                 source.get("trusted_pipeline"), **source.get("pipeline_options", {}))
+    if manifest.get("assets"):  # a tokenizer model: the raw-text signature tokenizes with it
+        pipeline.load_assets(data.dir, manifest)
     spec = example_spec(manifest.get("features") or pipeline.features(info), pipeline, info)
 
     def logits_and_names(serialized, texts=None):
@@ -175,6 +185,8 @@ def example_signatures(model, data, manifest: dict) -> tuple[dict, list]:
         outputs = _named_outputs(model, inputs)
         logits = next(iter(outputs.values())) if len(outputs) == 1 else None
         if logits is None or logits.shape.rank != 2 or not info.get("num_classes"):
+            if texts is not None:  # e.g. a language model: which position is a text's last
+                outputs = {**outputs, "token_ids": inputs}
             return outputs, None  # not a classifier (e.g. a regression: no classes to name)
         names = info.get("class_names") or []
         if len(names) != logits.shape[-1]:

@@ -2,12 +2,14 @@
 
 `generate(model_dir, prompt, ...)` reads the run's `params.yaml` (it must have trained
 `task.type=language_model`), the vocabulary of its dataset (the manifest's `info`, written by the
-`text` pipeline at conversion), and its export (`export.saved_model_dir`: the highest version,
-what TF Serving would serve). The prompt's characters become token ids; at each step the
+`text` pipeline at conversion) with its tokenizer (characters, or the SentencePiece model kept
+beside the shards), and its export (`export.saved_model_dir`: the highest version, what TF
+Serving would serve). The prompt becomes token ids; at each step the
 model reads the last `sequence_length` tokens (left-aligned, padded with id 0 after them: the
 model is causal, so padding never reaches the position read) and the next token is the most
 likely one (`temperature=0`, greedy) or drawn from the softmax of logits / temperature, among
-the `top_k` most likely when `top_k > 0`. Padding and out-of-vocabulary ids are never drawn.
+the `top_k` most likely when `top_k > 0`. Padding and out-of-vocabulary ids are never drawn;
+an end-of-document id ends the text early.
 """
 from __future__ import annotations
 
@@ -17,9 +19,9 @@ from tftrain.errors import ConfigError, TftrainError
 from tftrain.fileio import join
 
 
-def load_run(model_dir: str) -> tuple[dict, dict, str]:
-    """`(params, info, export path)` of a language-model run; a TftrainError naming what is
-    missing otherwise (no run, not a language model, no dataset, no export)."""
+def load_run(model_dir: str) -> tuple[dict, dict, str, object]:
+    """`(params, info, export path, tokenizer)` of a language-model run; a TftrainError naming
+    what is missing otherwise (no run, not a language model, no dataset, no export)."""
     import tensorflow as tf
 
     from tftrain import config as config_lib
@@ -43,23 +45,28 @@ def load_run(model_dir: str) -> tuple[dict, dict, str]:
         raise TftrainError(f"the dataset of run {model_dir} (data.dir={data_dir}) is not there: "
                            "generate reads its vocabulary; run from the directory the run was "
                            "trained in, or convert the same text there again")
-    info = manifest_lib.read(data_dir).get("info") or {}
-    if not info.get("vocabulary") or not info.get("sequence_length"):
-        raise TftrainError(f"the dataset {data_dir} has no vocabulary and sequence_length in "
+    from pipelines.text import tokenizer_of
+
+    manifest = manifest_lib.read(data_dir)
+    info = manifest.get("info") or {}
+    if not (info.get("vocabulary") or info.get("tokenizer_model")) or \
+            not info.get("sequence_length"):
+        raise TftrainError(f"the dataset {data_dir} has no tokenizer and sequence_length in "
                            "its info: generate needs a dataset of the text pipeline")
+    tokenizer = tokenizer_of(info, manifest_lib.read_assets(data_dir, manifest))
     found = export.saved_model_dir(join(model_dir, run_dir.EXPORT))
     if found is None:
         raise TftrainError(f"the run {model_dir} has no export (no SavedModel in "
                            f"{join(model_dir, run_dir.EXPORT)}): let its training finish first")
-    return params, info, found
+    return params, info, found, tokenizer
 
 
 def next_token(logits: np.ndarray, temperature: float, top_k: int, rng) -> int:
-    """The next token id from one position's logits (ids 0 and 1 excluded)."""
-    from pipelines.text import FIRST_TOKEN_ID
+    """The next token id from one position's logits (padding and out-of-vocabulary excluded)."""
+    from pipelines.text import OOV_ID, PAD_ID
 
     logits = np.asarray(logits, np.float64).copy()
-    logits[:FIRST_TOKEN_ID] = -np.inf
+    logits[[PAD_ID, OOV_ID]] = -np.inf
     if temperature <= 0:
         return int(np.argmax(logits))
     if 0 < top_k < len(logits):
@@ -79,13 +86,15 @@ def generate(model_dir: str, prompt: str, max_tokens: int = 200, temperature: fl
         raise ConfigError("--max_tokens, --temperature and --top_k must not be negative")
     import tensorflow as tf
 
-    from pipelines.text import detokenize, token_ids
+    _, info, path, tokenizer = load_run(model_dir)
+    length = int(info["sequence_length"])
+    from tftrain.engine import export
 
-    _, info, path = load_run(model_dir)
-    vocabulary, length = info["vocabulary"], int(info["sequence_length"])
+    export.register_text_ops()
     serve = tf.saved_model.load(path).signatures["serving_default"]
     (input_name,) = serve.structured_input_signature[1]
-    ids = token_ids(prompt, vocabulary)
+    ids = tokenizer.encode(prompt)
+    prompt_ids = len(ids)
     rng = np.random.default_rng(seed)
     for _ in range(max_tokens):
         context = ids[-length:]
@@ -93,4 +102,6 @@ def generate(model_dir: str, prompt: str, max_tokens: int = 200, temperature: fl
         window[0, :len(context)] = context
         (logits,) = serve(**{input_name: tf.constant(window)}).values()
         ids.append(next_token(logits.numpy()[0, len(context) - 1], temperature, top_k, rng))
-    return prompt + detokenize(ids[len(ids) - max_tokens:] if max_tokens else [], vocabulary)
+        if ids[-1] == info.get("end_id"):  # the model ended the document
+            break
+    return prompt + tokenizer.decode(ids[prompt_ids:])

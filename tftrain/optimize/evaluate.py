@@ -36,6 +36,7 @@ def load_saved_model(path: str, allow_python: bool = False):
                            "version directory holding one); pass a run's export/ directory or a "
                            ".tflite file")
     model_code.refuse_python(found, allow_python)
+    export.register_text_ops()
     try:
         return keras.models.load_model(found, compile=False)
     except Exception as e:  # noqa: BLE001  (a damaged file: tf-keras and protobuf raise many kinds)

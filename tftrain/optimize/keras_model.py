@@ -82,6 +82,7 @@ def load_keras_model(path: str, *, compile: bool = True,
         _check_keras_file(path)  # tf-keras reads .keras archives in safe mode (no Lambda code)
     if not path.endswith(".keras"):
         model_code.refuse_python(path, allow_python)
+    export.register_text_ops()
     try:
         model = keras.models.load_model(path, compile=compile)
     except Exception as e:  # tf-keras raises many kinds; name the file and the reason

@@ -1,0 +1,188 @@
+"""Subword tokens (`tokenizer=sentencepiece`) and packed documents, through the CLI.
+
+The text pipeline's default path (the embedded Python documentation) converted with a
+SentencePiece model, the model kept beside the shards and hashed in the manifest, the ids in
+the records; the shipped `text_lm_subword` config trained, evaluated, generating text and
+serving raw text whose in-graph ids are the reader's; a user's own .txt directory; the jsonl
+pipeline's subword classification; and what is refused.
+"""
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from pipelines import subwords
+from pipelines.text import END_ID, embedded_text
+from tests.conftest import REPO
+from tests.pipeline_testutil import load_all
+
+TFTRAIN = os.path.join(os.path.dirname(sys.executable), "tftrain")
+HARD_TEXTS = ["naïve café — ünïcode ✓ 日本語 𝔘𝔫𝔦", "", " ", "x" * 20_000,
+              "line one\n\tindented line two\r\n", "🙂" * 300]
+
+
+def tftrain(*args, cwd=REPO, check=True):
+    done = subprocess.run([TFTRAIN, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=600, stdin=subprocess.DEVNULL)
+    if check:
+        assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def subword_run(tmp_path_factory):
+    """`tftrain train --config=text_lm_subword` run as its header shows, from a fresh
+    directory (it converts the embedded text on first use), with fewer steps."""
+    cwd = tmp_path_factory.mktemp("user")
+    tftrain("train", "--config=text_lm_subword", "--model_dir=runs/text_lm_subword",
+            "--params_override=train.epochs=1,train.steps_per_epoch=20", cwd=cwd)
+    return cwd
+
+
+def _model(data_dir) -> bytes:
+    return (data_dir / "tokenizer.model").read_bytes()
+
+
+def test_the_model_is_kept_beside_the_shards_and_the_records_hold_its_ids(subword_run):
+    data = subword_run / "data/text_lm_subword"
+    manifest = json.loads((data / "dataset.json").read_text())
+    info, model = manifest["info"], _model(data)
+    assert manifest["assets"] == [{"file": "tokenizer.model", "bytes": len(model),
+                                   "sha256": hashlib.sha256(model).hexdigest()}]
+    assert info["tokenizer"] == "sentencepiece" and info["vocab_size"] == 1024
+    assert info["vocabulary_sample"]["texts"] > 0 and len(info["token_bytes"]) == 1024
+    inputs, targets = load_all(data, "train")
+    windows = np.concatenate([inputs, targets[:, -1:]], axis=1)
+    assert windows.shape[1] == 65 and (windows > 0).all()  # packed: full windows, no padding
+    assert (windows == END_ID).any()  # passages end with the end-of-document id
+    tokenizer, text = subwords.Subwords(model), embedded_text()
+    for window in windows[:50]:
+        for passage in np.split(window, np.flatnonzero(window == END_ID)):
+            assert tokenizer.decode(passage) in text  # ids of the source text, in order
+    described = tftrain("inspect", f"--data={data}").stdout
+    assert "tokenizer: sentencepiece, 1024 ids" in described
+
+
+def test_in_graph_tokenization_gives_the_reader_ids(subword_run):
+    import tensorflow as tf
+
+    model = _model(subword_run / "data/text_lm_subword")
+    reader = subwords.Subwords(model)
+    in_graph = subwords.graph_tokenizer(model).tokenize(tf.constant(HARD_TEXTS)).to_list()
+    assert in_graph == [reader.encode(text) for text in HARD_TEXTS]
+    assert [reader.decode(ids) for ids in in_graph] == HARD_TEXTS  # lossless: byte fallback
+
+    from tftrain.engine.export import register_text_ops
+
+    register_text_ops()
+    (path,) = glob.glob(str(subword_run / "runs/text_lm_subword/export/*/"))
+    serve = tf.saved_model.load(path).signatures["serving_text"]
+    out = serve(text=tf.constant(HARD_TEXTS))
+    for text, ids in zip(HARD_TEXTS, out["token_ids"].numpy()):
+        expected = reader.encode(text)[-64:]  # the last window's worth, padded after
+        assert ids.tolist() == expected + [0] * (64 - len(expected))
+    assert out["logits"].shape == (len(HARD_TEXTS), 64, 1024)
+
+
+def test_evaluate_and_generate_on_subwords(subword_run):
+    summary = json.loads((subword_run / "runs/text_lm_subword/summary.json").read_text())
+    assert summary["task"]["type"] == "language_model" and summary["eval"]["perplexity"] > 1
+    shown = tftrain("evaluate", "--model=runs/text_lm_subword/export",
+                    "--data=data/text_lm_subword", "--split=test", cwd=subword_run).stdout
+    assert "perplexity=" in shown
+    text = tftrain("generate", "--model_dir=runs/text_lm_subword", "--prompt=The naïve ",
+                   "--max_tokens=30", "--temperature=0", cwd=subword_run).stdout
+    assert text.startswith("The naïve ") and len(text) > len("The naïve ") + 10
+
+
+def test_a_users_text_directory_keeps_its_splits_and_fits_on_training_text_only(tmp_path):
+    source = tmp_path / "books"
+    source.mkdir()
+    prose = "".join(f"Chapter {i}. The river ran past the mill, and the miller sang.\n"
+                    for i in range(600))
+    (source / "train-a.txt").write_text(prose)
+    (source / "train-b.txt").write_text(prose.replace("river", "road"))
+    (source / "test.txt").write_text("Zyzzogeton ☃ " * 400 + "\n")
+    for tokenizer in ("sentencepiece", "characters"):
+        out = tmp_path / tokenizer
+        tftrain("convert", "--pipeline=text", f"--input={source}", f"--output={out}",
+                f"--pipeline_options=tokenizer={tokenizer},sequence_length=32,vocab_size=300")
+        manifest = json.loads((out / "dataset.json").read_text())
+        assert set(manifest["splits"]) == {"train", "test"}
+        if tokenizer == "sentencepiece":
+            pieces = subwords.Subwords(_model(out)).processor
+            assert not any("Zyzz" in pieces.id_to_piece(i) or "☃" in pieces.id_to_piece(i)
+                           for i in range(pieces.get_piece_size()))
+        else:
+            assert "☃" not in manifest["info"]["vocabulary"]
+        # two training documents: one end-of-document id between them, none in the one test text
+        train_ids = load_all(out, "train")[0]
+        test_ids = load_all(out, "test")[0]
+        assert (train_ids == END_ID).sum() == 1 and not (test_ids == END_ID).any()
+
+
+def test_jsonl_classification_on_subwords(tmp_path):
+    data = tmp_path / "data"
+    tftrain("convert", "--pipeline=jsonl", f"--output={data}",
+            "--pipeline_options=tokenizer=sentencepiece,max_length=24")
+    manifest = json.loads((data / "dataset.json").read_text())
+    assert set(manifest["features"]) == {"tokens", "label"}
+    run = tmp_path / "run"
+    tftrain("train", "--config=text_classification", f"--model_dir={run}",
+            f"--params_override=data.dir={data},train.epochs=1")
+    import tensorflow as tf
+
+    from tftrain.engine.export import register_text_ops
+
+    register_text_ops()
+    (path,) = glob.glob(str(run / "export/*/"))
+    serve = tf.saved_model.load(path).signatures["serving_text"]
+    out = serve(text=tf.constant(["LATIN SMALL LETTER A", "DIGIT SEVEN"]))
+    assert set(out) >= {"classes", "probabilities"}
+    reader = subwords.Subwords(_model(data))
+    inputs, _ = load_all(data, "test")
+    first = inputs[0][inputs[0] > 0].tolist()
+    assert reader.encode(reader.decode(first))[:24] == first  # records hold the reader's ids
+
+
+def test_append_keeps_the_model_byte_for_byte(tmp_path):
+    (tmp_path / "a.txt").write_text("the first book, about rivers and mills.\n" * 300)
+    (tmp_path / "b.txt").write_text("the second book, about roads and inns.\n" * 300)
+    data = tmp_path / "data"
+    options = "--pipeline_options=tokenizer=sentencepiece,sequence_length=32,vocab_size=300"
+    tftrain("convert", "--pipeline=text", f"--input={tmp_path / 'a.txt'}", f"--output={data}",
+            options)
+    before = _model(data)
+    tftrain("convert", "--pipeline=text", f"--input={tmp_path / 'b.txt'}", f"--output={data}",
+            options, "--append")
+    assert _model(data) == before
+    manifest = json.loads((data / "dataset.json").read_text())
+    assert [a["sha256"] for a in manifest["assets"]] == [hashlib.sha256(before).hexdigest()]
+    assert len(manifest["appends"]) == 1
+
+
+@pytest.mark.parametrize("options,message", [
+    ("tokenizer=bpe", "tokenizer='bpe' is not one of characters, sentencepiece (pipeline text)"),
+    ("tokenizer=sentencepiece,vocab_size=100", "vocab_size"),
+])
+def test_bad_options_are_one_line(tmp_path, options, message):
+    done = tftrain("convert", "--pipeline=text", f"--output={tmp_path / 'd'}",
+                   f"--pipeline_options={options}", check=False)
+    assert done.returncode != 0 and message in done.stderr
+    assert "Traceback" not in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_an_altered_model_is_refused_in_one_line(tmp_path):
+    data = tmp_path / "data"
+    (tmp_path / "a.txt").write_text("some text to tokenize, and more of it.\n" * 300)
+    tftrain("convert", "--pipeline=text", f"--input={tmp_path / 'a.txt'}", f"--output={data}",
+            "--pipeline_options=tokenizer=sentencepiece,sequence_length=16,vocab_size=300")
+    with open(data / "tokenizer.model", "ab") as f:
+        f.write(b"\0")
+    done = tftrain("inspect", f"--data={data}", "--verify", check=False)
+    assert done.returncode != 0 and "tokenizer.model" in done.stdout + done.stderr
