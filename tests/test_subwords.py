@@ -124,6 +124,16 @@ def test_a_users_text_directory_keeps_its_splits_and_fits_on_training_text_only(
         train_ids = load_all(out, "train")[0]
         test_ids = load_all(out, "test")[0]
         assert (train_ids == END_ID).sum() == 1 and not (test_ids == END_ID).any()
+    # the subword dataset through the rest of the user's path: train, evaluate, generate
+    run = tmp_path / "run"
+    tftrain("train", "--config=text_lm_subword", f"--model_dir={run}",
+            f"--params_override=data.dir={tmp_path / 'sentencepiece'},data.eval_split=test,"
+            "train.steps=8")
+    assert "perplexity=" in tftrain("evaluate", f"--model={run / 'export'}",
+                                    f"--data={tmp_path / 'sentencepiece'}", "--split=test").stdout
+    text = tftrain("generate", f"--model_dir={run}", "--prompt=Chapter 7. The ",
+                   "--max_tokens=12", "--seed=2").stdout
+    assert text.startswith("Chapter 7. The ")
 
 
 def test_jsonl_classification_on_subwords(tmp_path):
@@ -186,3 +196,29 @@ def test_an_altered_model_is_refused_in_one_line(tmp_path):
         f.write(b"\0")
     done = tftrain("inspect", f"--data={data}", "--verify", check=False)
     assert done.returncode != 0 and "tokenizer.model" in done.stdout + done.stderr
+
+
+def test_jsonl_rows_are_documents_packed_with_end_ids(tmp_path):
+    from pipelines.text import Characters
+
+    documents = [f"Document {i}: " + "words of a short note. " * (i % 5 + 1) for i in range(300)]
+    rows = [json.dumps({"text": text}) for text in documents]
+    rows.insert(7, json.dumps({"body": "no text key"}))
+    (tmp_path / "train.jsonl").write_text("\n".join(rows) + "\n")
+    data = tmp_path / "data"
+    tftrain("convert", "--pipeline=text", f"--input={tmp_path / 'train.jsonl'}",
+            f"--output={data}", "--pipeline_options=sequence_length=160")
+    manifest = json.loads((data / "dataset.json").read_text())
+    assert manifest["bad_rows"]["count"] == 1 and len(manifest["splits"]) == 3  # 80/10/10
+    windows = np.concatenate([np.concatenate([x, y[:, -1:]], axis=1) for x, y in (
+        load_all(data, split) for split in manifest["splits"])])
+    # each split: one end id between its consecutive documents (its dropped tail: at most one)
+    assert 300 - 6 <= int((windows == END_ID).sum()) <= 300 - 3  # 300 documents
+    characters, whole = Characters(manifest["info"]), set(documents)
+    inner = 0
+    for window in windows:
+        passages = np.split(window, np.flatnonzero(window == END_ID))
+        for passage in passages[1:-1]:  # between two end ids: a whole document
+            assert characters.decode(passage) in whole
+            inner += 1
+    assert inner > 30

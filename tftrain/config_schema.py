@@ -30,7 +30,8 @@ ON_NAN = ("stop", "rollback")  # train.on_nan: what a NaN/Inf loss does (callbac
 # train.monitor: auto is the task's own (val_accuracy for classifiers, val_rmse for regression,
 # val_loss for language models)
 MONITORS = ("auto", "val_accuracy", "val_loss", "accuracy", "loss", "val_rmse", "val_mae",
-            "val_r2", "rmse", "mae", "r2", "val_perplexity", "perplexity")
+            "val_r2", "rmse", "mae", "r2", "val_perplexity", "perplexity", "val_bits_per_byte",
+            "bits_per_byte")
 # task.type: auto follows the dataset's label (tftrain/tasks/registry.py)
 TASK_TYPES = ("auto", "classification", "regression", "language_model")
 # task.loss: auto is the task's default (classification and language_model: crossentropy,

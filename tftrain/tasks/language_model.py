@@ -7,6 +7,12 @@ the token after it. The loss is the mean sparse categorical cross-entropy over e
 Keras metric, `perplexity_metric`), and `accuracy` the fraction of positions whose most likely
 next token is the right one (next-token accuracy). Prune and quantize gate on the relative
 perplexity increase (`--max_metric_change`, 0.05: 5% higher).
+
+`bits_per_byte` (`bits_per_byte_metric`) is the split's summed cross-entropy in bits divided by
+the UTF-8 bytes of the text its targets stand for (the manifest's `info["token_bytes"]`, one
+number per token id). Unlike perplexity, which is per token, it does not depend on how the text
+was cut into tokens, so it compares models with different tokenizers. A dataset converted
+without `token_bytes` gets no bits_per_byte at all.
 """
 from __future__ import annotations
 
@@ -16,38 +22,83 @@ import numpy as np
 
 from tftrain.tasks.base import Task
 
-_PERPLEXITY_CLASS = []  # the Keras metric class, defined (and registered) on first use
+_METRIC_CLASSES: dict = {}  # the Keras metric classes by name, defined (registered) on first use
 
 
-def perplexity_metric(name: str = "perplexity"):
-    """A new streaming perplexity metric: exp(mean next-token cross-entropy of the logits).
-
-    Its class is registered with Keras as `tftrain>Perplexity` the first time this is called
-    (building a `LanguageModelTask` does), so a SavedModel compiled with it loads cleanly.
-    """
-    if not _PERPLEXITY_CLASS:
+def metric_classes() -> dict:
+    """The language-model Keras metric classes, `{"perplexity": Perplexity, "bits_per_byte":
+    BitsPerByte}`, registered with Keras (`tftrain>Perplexity`, `tftrain>BitsPerByte`) on the
+    first call (building a `LanguageModelTask` makes it), so a SavedModel compiled with them
+    loads cleanly."""
+    if not _METRIC_CLASSES:
         import tensorflow as tf
         import tf_keras as keras
+
+        def crossentropy(y_true, y_pred):
+            return keras.losses.sparse_categorical_crossentropy(
+                y_true, tf.cast(y_pred, tf.float32), from_logits=True)
 
         @keras.saving.register_keras_serializable(package="tftrain")
         class Perplexity(keras.metrics.Mean):
             """exp(the mean sparse cross-entropy of logits over every position seen)."""
 
             def update_state(self, y_true, y_pred, sample_weight=None):
-                losses = keras.losses.sparse_categorical_crossentropy(
-                    y_true, tf.cast(y_pred, tf.float32), from_logits=True)
-                return super().update_state(losses, sample_weight)
+                return super().update_state(crossentropy(y_true, y_pred), sample_weight)
 
             def result(self):
                 return tf.exp(super().result())
 
-        _PERPLEXITY_CLASS.append(Perplexity)
-    return _PERPLEXITY_CLASS[0](name=name)
+        @keras.saving.register_keras_serializable(package="tftrain")
+        class BitsPerByte(keras.metrics.Metric):
+            """The summed cross-entropy of logits over every position seen, in bits, divided
+            by the summed UTF-8 bytes of the target ids (`token_bytes[id]`); NaN without bytes."""
+
+            def __init__(self, token_bytes, name="bits_per_byte", dtype=None, **kwargs):
+                super().__init__(name=name, dtype=dtype, **kwargs)
+                # numpy, not a list: Keras would wrap and track a list attribute
+                self.token_bytes = np.asarray(token_bytes, np.float64).reshape(-1)
+                self.nats = self.add_weight("nats", initializer="zeros", dtype=tf.float32)
+                self.bytes = self.add_weight("bytes", initializer="zeros", dtype=tf.float32)
+
+            def update_state(self, y_true, y_pred, sample_weight=None):
+                nats = crossentropy(y_true, y_pred)
+                ids = tf.cast(tf.reshape(y_true, tf.shape(nats)), tf.int32)
+                sizes = tf.gather(tf.constant(self.token_bytes, tf.float32), ids)
+                if sample_weight is not None:
+                    weight = tf.cast(sample_weight, tf.float32)
+                    while weight.shape.rank is not None and weight.shape.rank < nats.shape.rank:
+                        weight = tf.expand_dims(weight, -1)
+                    nats, sizes = nats * weight, sizes * weight
+                return tf.group(self.nats.assign_add(tf.reduce_sum(nats)),
+                                self.bytes.assign_add(tf.reduce_sum(sizes)))
+
+            def result(self):
+                bits = self.nats / math.log(2.0)
+                return tf.where(self.bytes > 0, bits / tf.maximum(self.bytes, 1e-30),
+                                tf.constant(math.nan, tf.float32))
+
+            def get_config(self):
+                return {**super().get_config(), "token_bytes": self.token_bytes.tolist()}
+
+        _METRIC_CLASSES.update(perplexity=Perplexity, bits_per_byte=BitsPerByte)
+    return _METRIC_CLASSES
 
 
-def next_token_metrics(logits, labels) -> dict[str, float]:
+def perplexity_metric(name: str = "perplexity"):
+    """A new streaming perplexity metric: exp(mean next-token cross-entropy of the logits)."""
+    return metric_classes()["perplexity"](name=name)
+
+
+def bits_per_byte_metric(token_bytes, name: str = "bits_per_byte"):
+    """A new streaming bits-per-byte metric: the summed next-token cross-entropy of the logits
+    in bits over the summed `token_bytes` of the target ids (see the module docstring)."""
+    return metric_classes()["bits_per_byte"](token_bytes, name=name)
+
+
+def next_token_metrics(logits, labels, token_bytes=None) -> dict[str, float]:
     """Cross-entropy (`loss`), `perplexity` and next-token `accuracy` of `logits`
-    [..., vocab] against token ids `labels` [...], over every position, in float64."""
+    [..., vocab] against token ids `labels` [...], over every position, in float64; with
+    `token_bytes` (the UTF-8 bytes of each id) also `bits_per_byte`."""
     logits = np.asarray(logits)
     labels = np.asarray(labels).reshape(-1).astype(np.int64)
     if not labels.size:
@@ -62,7 +113,11 @@ def next_token_metrics(logits, labels) -> dict[str, float]:
         total += float((log_norm - shifted[np.arange(len(truth)), truth]).sum())
         correct += int((chunk.argmax(axis=1) == truth).sum())
     loss = total / len(labels)
-    return {"loss": loss, "perplexity": math.exp(loss), "accuracy": correct / len(labels)}
+    result = {"loss": loss, "perplexity": math.exp(loss)}
+    if token_bytes is not None:
+        size = float(np.asarray(token_bytes, np.float64)[labels].sum())
+        result["bits_per_byte"] = total / math.log(2.0) / size if size > 0 else math.nan
+    return {**result, "accuracy": correct / len(labels)}
 
 
 class LanguageModelTask(Task):
@@ -71,8 +126,8 @@ class LanguageModelTask(Task):
     name = "language_model"
     losses = ("crossentropy",)
     default_monitor = "val_loss"
-    directions = {"loss": "min", "perplexity": "min", "accuracy": "max"}
-    reported = ("loss", "perplexity", "accuracy")
+    directions = {"loss": "min", "perplexity": "min", "bits_per_byte": "min", "accuracy": "max"}
+    reported = ("loss", "perplexity", "bits_per_byte", "accuracy")
     measure = "perplexity"
     change_name = "metric_change"
     gate_flag = "--max_metric_change"
@@ -80,7 +135,9 @@ class LanguageModelTask(Task):
     def __init__(self, info: dict, loss: str = "auto", vocab_size: int = 0):
         super().__init__(info, loss)
         self.vocab_size = int(vocab_size or info.get("vocab_size") or 0)
-        perplexity_metric()  # registers the metric's class before any SavedModel is loaded
+        # The UTF-8 bytes of each token id (the manifest's), or None: no bits_per_byte.
+        self.token_bytes = info.get("token_bytes") or None
+        metric_classes()  # registers the metrics' classes before any SavedModel is loaded
 
     def outputs(self):
         from tftrain.models.outputs import OutputSpec
@@ -95,7 +152,10 @@ class LanguageModelTask(Task):
     def metrics(self) -> list:
         import tf_keras as keras
 
-        return [keras.metrics.SparseCategoricalAccuracy(name="accuracy"), perplexity_metric()]
+        metrics = [keras.metrics.SparseCategoricalAccuracy(name="accuracy"), perplexity_metric()]
+        if self.token_bytes:
+            metrics.append(bits_per_byte_metric(self.token_bytes))
+        return metrics
 
     def evaluate(self, outputs, labels) -> dict[str, float]:
-        return next_token_metrics(outputs, labels)
+        return next_token_metrics(outputs, labels, self.token_bytes)

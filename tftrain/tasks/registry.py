@@ -121,6 +121,10 @@ def language_model_task(task_type: str, config, manifest: dict) -> LanguageModel
             f"task.type=language_model needs windows of token ids with a vocabulary (convert "
             f"text with `tftrain convert --pipeline=text`), but {where} has "
             f"{_label_description(info)}: use task.type=auto, or train on a text dataset.")
+    if config.train.monitor.removeprefix("val_") == "bits_per_byte" and not info.get("token_bytes"):
+        raise ConfigError(f"train.monitor={config.train.monitor} needs the bytes of each token, "
+                          f"which {where} does not record (converted before bits per byte "
+                          "existed): convert it again, or monitor val_loss.")
     return LanguageModelTask(info, config.task.loss, int(info["vocab_size"]))
 
 
