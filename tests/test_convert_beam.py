@@ -49,3 +49,31 @@ def test_beam_cli_and_errors(tmp_path, cli, capsys):
     assert errors[-1].startswith("tftrain convert: error: the Beam conversion job failed")
     assert "the pipeline has a bug" in errors[-1]
     assert not (tmp_path / "bad" / "dataset.json").exists()
+
+
+def test_beam_writes_the_tokenizer_model_of_a_subword_dataset(tmp_path):
+    """A pipeline's asset (text's SentencePiece model) is written and listed by Beam as by the
+    local writer, and the windows are the same."""
+    from pipelines import load_pipeline
+
+    (tmp_path / "book.txt").write_text("".join(f"Page {i}: the tide rose over the sand.\n"
+                                               for i in range(800)))
+    options = dict(tokenizer="sentencepiece", vocab_size=300, sequence_length=32)
+    source = str(tmp_path / "book.txt")
+    local = write_dataset(load_pipeline("text", **options), source, str(tmp_path / "local"),
+                          workers=1, num_shards=2)
+    beam = write_dataset_beam(load_pipeline("text", **options), source, str(tmp_path / "beam"),
+                              beam_options=BEAM, num_shards=2)
+    assert beam["assets"] == local["assets"] and len(beam["assets"]) == 1
+    assert (tmp_path / "beam" / "tokenizer.model").read_bytes() == (
+        tmp_path / "local" / "tokenizer.model").read_bytes()
+    import tensorflow as tf
+
+    def windows(name, split):
+        files = sorted(str(p) for p in (tmp_path / name).glob(f"{split}-*.tfrecord"))
+        return sorted(tf.data.TFRecordDataset(files).as_numpy_iterator())
+
+    assert set(beam["splits"]) == set(local["splits"]) and windows("local", "train")
+    for split in local["splits"]:
+        assert windows("beam", split) == windows("local", split)
+    assert inspection.verify(str(tmp_path / "beam")) == []
