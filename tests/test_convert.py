@@ -254,6 +254,15 @@ def test_shard_sizing():
         sample=sample, sizes={"train": 1000 * mb, "test": 10 * mb}, fractions=None,
         default_fractions={"train": 1.0}, workers=1, num_shards=None, shard_size_mb=None)
     assert shards == {"train": 7, "test": 1}
+    # A pipeline that splits its rows itself (text passages) from one unnamed input: the
+    # splits share its size in the sample's proportions, not each the whole of it.
+    sample = shard_plan.Sample(rows=1000, source_splits=True, encoded_rows=64,
+                               encoded_bytes=64 * 1000)
+    sample.split_rows.update({"train": 900, "validation": 50, "test": 50})
+    _, shards, _, _, _ = shard_plan.choose(
+        sample=sample, sizes={None: 4000 * mb}, fractions=None,
+        default_fractions={"train": 1.0}, workers=1, num_shards=None, shard_size_mb=100)
+    assert shards == {"train": 36, "validation": 2, "test": 2}
     with pytest.raises(ConfigError, match="either --num_shards or --shard_size_mb"):
         shard_plan.choose(sample=sample, sizes=None, fractions=None, default_fractions={},
                           workers=1, num_shards=2, shard_size_mb=10)

@@ -241,8 +241,10 @@ def choose(*, sample: Sample, sizes: dict | None, fractions: dict | None, defaul
                              "(pass --num_shards or --shard_size_mb to choose)")
         elif shares:
             split_bytes = {s: total_bytes * f for s, f in shares.items()}
-        else:  # source splits: sized from the input's split folders/files when they are named so
-            split_bytes = {s: n for s, n in (sizes or {}).items() if s}
+        else:  # source splits: sized from the input's split folders/files when they are named
+            # so, else in the sample's proportions (a pipeline that splits its rows itself)
+            split_bytes = {s: n for s, n in (sizes or {}).items() if s} or {
+                s: total_bytes * n / max(1, sample.rows) for s, n in sample.split_rows.items()}
     target = shard_size_mb or DEFAULT_SHARD_MB
     if num_shards is not None:
         shards = {s: num_shards for s in splits}
