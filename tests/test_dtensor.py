@@ -248,6 +248,11 @@ def test_digits_dtensor_resume_export_and_optimize(cli, tmp_path, digits_dir, ca
     assert summary["dtensor"]["layouts"]["dense.kernel"] == "unsharded,model"
     memory = summary["dtensor"]["memory"]
     assert memory["bytes_per_device"] < 0.55 * memory["bytes_one_device"]
+    # Measured from the trained variables' layouts: the weights the layout report counts
+    # (weights + 2 Adam slots, split alike over `model`) are what one device held.
+    measured = summary["memory"]
+    assert measured["weights_bytes_per_device"] * 3 == memory["bytes_per_device"]
+    assert measured["optimizer_bytes_per_device"] == 2 * measured["weights_bytes_per_device"]
     assert list(run.glob("checkpoints/best*"))
 
     # The export is an ordinary SavedModel: evaluate, quantize and prune take it as is.

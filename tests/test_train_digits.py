@@ -3,7 +3,10 @@ import json
 import os
 
 import tensorflow as tf
+import tf_keras as keras
 import yaml
+
+from tftrain.engine.export import saved_model_dir
 
 
 def _events(path):
@@ -26,6 +29,13 @@ def test_digits_end_to_end(cli, tmp_path, monkeypatch, capsys):
     assert summary["eval"]["split"] == "test" and summary["eval"]["accuracy"] >= 0.9  # 15 epochs: >= 0.95 (make demo test)
     assert summary["epochs"] == 4 and summary["strategy"] == "one_device"
     assert summary["num_replicas"] == 1 and summary["examples_per_second"] > 0
+    # The parameter count is the exported model's, variable by variable.
+    exported = keras.models.load_model(saved_model_dir(str(run / "export")), compile=False)
+    parameters = sum(int(tf.size(v)) for v in exported.weights)
+    assert summary["parameters"] == parameters > 0
+    # One device holds every weight (float32) and Adam's two moments of each trainable one.
+    assert summary["memory"] == {"weights_bytes_per_device": 4 * parameters,
+                                 "optimizer_bytes_per_device": 2 * 4 * parameters}
     params = yaml.safe_load((run / "params.yaml").read_text())
     assert params["train"]["epochs"] == 4 and params["model"]["name"] == "cnn"
     assert _events(str(run / "logs/train")) and _events(str(run / "logs/validation"))
@@ -53,3 +63,5 @@ def test_new_run_dir_and_mirrored_on_two_cpus(cli, tmp_path, monkeypatch, capsys
     assert run.startswith("runs/digits-")
     summary = json.loads((tmp_path / run / "summary.json").read_text())
     assert summary["strategy"] == "mirrored" and summary["num_replicas"] == 2
+    # Each replica holds a whole copy: per device is what one device holds.
+    assert summary["memory"]["weights_bytes_per_device"] == 4 * summary["parameters"]

@@ -213,6 +213,10 @@ def validate(config: Config) -> None:
                           "or grpc://host:port")
     if config.runtime.strategy == "mirrored" and config.runtime.cpu_devices > 1:
         check_divisible(config.data.batch_size, config.runtime.cpu_devices)
+    if config.runtime.shard_optimizer_state and config.runtime.strategy != "dtensor":
+        raise ConfigError("runtime.shard_optimizer_state=true shards optimizer slots over a "
+                          "DTensor mesh's batch dimension: it needs runtime.strategy=dtensor "
+                          "(and runtime.mesh with batch:N, N > 1)")
     if config.runtime.strategy == "dtensor":
         dtensor_layouts.check_config(config)
     if not config.data.dir:

@@ -21,7 +21,7 @@ STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu", 
 CLUSTERS = ("auto", "tf_config", "slurm", "kubernetes")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
 JIT_COMPILE = ("auto", "true", "false")  # XLA for the train/eval steps; auto: on GPUs only
-OPTIMIZERS = ("sgd", "adam", "adamw")
+OPTIMIZERS = ("sgd", "adam", "adamw", "adafactor")
 SERVICE_MODES = ("parallel_epochs", "distributed_epoch")
 CACHE_MODES = ("none", "records", "decoded")  # what tftrain.data.load keeps in memory
 DATA_FORMATS = ("tftrain", "tfrecord")  # a tftrain dataset, or TFRecords other tools wrote
@@ -91,7 +91,7 @@ class TrainConfig:
     epochs: int = 10
     steps_per_epoch: Optional[int] = None  # None: one pass over the training split
     steps: Optional[int] = None  # total optimizer steps; when set, it decides the run's length
-    optimizer: str = "adam"
+    optimizer: str = "adam"  # sgd | adam | adamw | adafactor (factored second moments)
     learning_rate: float = 1e-3  # the peak rate (after warmup)
     momentum: float = 0.9  # sgd only
     weight_decay: float = 0.0  # adamw only
@@ -139,6 +139,9 @@ class RuntimeConfig:
     # and rules: regex on weight path -> sharding spec, e.g. {"dense.*kernel": "unsharded,model"}
     mesh: str = ""
     layout_rules: dict = dataclasses.field(default_factory=dict)
+    # strategy=dtensor: optimizer slots sharded over the mesh's batch dimension (ZeRO-1): each
+    # data-parallel replica keeps and updates 1/batch of them; the weights stay whole per replica
+    shard_optimizer_state: bool = False
     tpu_timeout: int = 60  # seconds to connect to and initialize the TPU before giving up
     jit_compile: str = "auto"  # XLA-compile the steps: true | false | auto (GPUs; TPUs always do)
     # Multi-worker cluster: auto (TF_CONFIG if set, else SLURM inside a multi-task srun step,

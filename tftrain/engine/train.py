@@ -19,7 +19,7 @@ import tf_keras as keras
 
 from tftrain import config as config_lib
 from tftrain import rules, run_dir, tasks
-from tftrain.engine import backends, hparams
+from tftrain.engine import backends, hparams, run_memory
 from tftrain.engine.prepare import prepare
 from tftrain.data import passes
 from tftrain.training import optimizers
@@ -113,6 +113,8 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     cluster.cleanup(export_dir, join(model_dir, run_dir.EXPORT))
     summary = RunSummary(
         model_dir=model_dir, data_dir=config.data.dir, task=run_.task.resolved(),
+        parameters=int(model.count_params()),
+        memory=run_memory.measure(trainer, trainer.optimizer),  # per device, measured
         epochs=history.epoch[-1] + 1 if history.epoch else (backup.resumed_at or (0,))[0],
         steps=int(trainer.optimizer.iterations.numpy()),
         eval={"split": config.data.test_split, **test_metrics}, validation=validation,
@@ -145,6 +147,8 @@ class RunSummary:
     model_dir: str
     data_dir: str
     task: dict
+    parameters: int  # the exported model's weights, trainable or not
+    memory: dict  # weights_bytes_per_device, optimizer_bytes_per_device (`engine.run_memory`)
     epochs: int
     steps: int
     eval: dict  # the test split's metrics, with its name under "split"
