@@ -233,12 +233,14 @@ def make(kind: str, work: str, size_mb: int) -> str:
 
 # ---- measuring -------------------------------------------------------------------------------
 
-def run_measured(command: list[str]) -> tuple[float, float]:
-    """Runs `command`; returns (seconds, peak MB of its process tree's anonymous memory)."""
+def run_measured(command: list[str], cwd: str = REPO,
+                 ok_codes: tuple = (0,)) -> tuple[float, float]:
+    """Runs `command` in `cwd`; returns (seconds, peak MB of its process tree's anonymous
+    memory). An exit code outside `ok_codes` ends the bench with the command's error."""
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=env, cwd=REPO)
+                               text=True, env=env, cwd=cwd)
     peak, done = 0, threading.Event()
 
     def sample():
@@ -252,7 +254,7 @@ def run_measured(command: list[str]) -> tuple[float, float]:
     _, stderr = process.communicate()
     done.set()
     sampler.join()
-    if process.returncode:
+    if process.returncode not in ok_codes:
         raise SystemExit(f"{' '.join(command)} failed:\n{stderr[-3000:]}")
     return time.perf_counter() - started, peak / 2**20
 
