@@ -113,3 +113,14 @@ def test_append_needs_a_dataset_and_not_overwrite(tmp_path):
     done = tftrain("convert", "--pipeline=jsonl", f"--input={tmp_path / 'a.jsonl'}",
                    f"--output={tmp_path / 'none'}", "--append", "--overwrite")
     assert done.returncode == 2 and "pass one" in done.stderr
+
+
+def test_append_with_beam_is_refused_in_one_line(reviews, tmp_path):
+    before = fingerprints(reviews)
+    write_jsonl(tmp_path / "more.jsonl", make_lines(20))
+    done = tftrain("convert", "--pipeline=jsonl", f"--input={tmp_path / 'more.jsonl'}",
+                   f"--output={reviews}", "--append", "--runner=beam")
+    assert done.returncode == 2, done.stderr  # a usage error
+    (line,) = done.stderr.strip().splitlines()
+    assert "--append runs with --runner=local" in line, line
+    assert fingerprints(reviews) == before
