@@ -104,7 +104,7 @@ def test_rule_errors_name_rule_and_weight(rules, weights, message):
 
 def test_memory_report_counts_shards():
     plan = layouts.resolve(MLP, layouts.make_rules("mlp", {}, MESH), MESH)
-    report = layouts.memory_report(MLP, plan, MESH, optimizer_slots=2)
+    report = layouts.memory_report(MLP, plan, MESH, optimizer="adam")
     params = 64 * 256 + 256 + 256 * 128 + 128 + 128 * 10 + 10
     assert report["bytes_one_device"] == params * 4 * 3
     assert report["sharded_params"] == params - 10 and report["replicated_params"] == 10

@@ -46,7 +46,9 @@ def test_the_plan_refuses_a_split_smaller_than_one_step():
 
 def test_the_summary_keeps_summary_json_keys_in_order():
     summary = RunSummary(
-        model_dir="m", data_dir="d", task={"type": "classification"}, epochs=2, steps=10,
+        model_dir="m", data_dir="d", task={"type": "classification"}, parameters=1000,
+        memory={"weights_bytes_per_device": 4000, "optimizer_bytes_per_device": 8000},
+        epochs=2, steps=10,
         eval={"split": "test", "accuracy": 0.9}, validation={"accuracy": 0.8},
         evaluation={"validation_steps": 0, "validation_every_steps": 0, "test_steps": 0},
         mixed_precision="float32", grad_accum_steps=1, resumed_from=None, seconds_per_step=0.1,
@@ -54,7 +56,7 @@ def test_the_summary_keeps_summary_json_keys_in_order():
         backend={"strategy": "one_device", "num_replicas": 1, "num_workers": 1,
                  "jit_compile": False}).to_json()
     assert list(summary) == [
-        "model_dir", "data_dir", "task", "epochs", "steps", "eval", "validation", "evaluation",
+        "model_dir", "data_dir", "task", "parameters", "memory", "epochs", "steps", "eval", "validation", "evaluation",
         "mixed_precision", "grad_accum_steps", "resumed_from", "restarts", "restart_causes",
         "seconds_per_step", "examples_per_second", "rollbacks", "strategy", "num_replicas",
         "num_workers", "jit_compile"]
@@ -63,13 +65,15 @@ def test_the_summary_keeps_summary_json_keys_in_order():
 def test_optimizer_state_per_weight_is_what_tf_keras_builds():
     import tensorflow as tf
 
-    weight = tf.Variable(tf.zeros([3, 4]))
-    for name in ("sgd", "adam", "adamw"):
+    weights = [tf.Variable(tf.zeros([3, 4])), tf.Variable(tf.zeros([4]))]
+    for name in config_schema.OPTIMIZERS:
         train = config_schema.TrainConfig(optimizer=name, momentum=0.0)
         optimizer = optimizers.make_optimizer(train, 10, 10)
-        optimizer.build([weight])
-        state = [v for v in optimizer.variables if tuple(v.shape) == (3, 4)]
-        assert len(state) == optimizers.optimizer_slots(name), (name, optimizer.variables)
+        optimizer.build(weights)
+        state = sorted(tuple(v.shape) for v in optimizer.variables
+                       if v is not optimizer.iterations)
+        planned = sorted(s for w in weights for s in optimizers.slot_shapes(name, w.shape))
+        assert state == planned, (name, optimizer.variables)
 
 
 def test_a_fine_tuning_schedule_is_data_kept_beside_the_model():

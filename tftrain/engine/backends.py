@@ -281,7 +281,9 @@ class DTensorBackend:
         self._plan_layouts = self._dtensor.resolve_layouts(
             model, config.model.name, config.runtime.layout_rules, self.dims)
         sharded = self._dtensor.build_sharded(model, self.mesh, self._plan_layouts)
-        sharded.compile(optimizer=self._dtensor.make_optimizer(config.train, plan, self.mesh),
+        sharded.compile(optimizer=self._dtensor.make_optimizer(
+                            config.train, plan, self.mesh,
+                            shard_state=config.runtime.shard_optimizer_state),
                         loss=task.loss(),
                         metrics=self._dtensor.metrics_on_mesh(task.metrics(), self.mesh),
                         steps_per_execution=config.train.steps_per_execution)
@@ -312,7 +314,7 @@ class DTensorBackend:
                 "device_type": self.mesh.device_type(),
                 "layouts": {path: ",".join(spec) for path, spec in self._plan_layouts.items()},
                 "memory": layouts.memory_report(
-                    weights, self._plan_layouts, self.dims,
-                    optimizers.optimizer_slots(self._config.train.optimizer)),
+                    weights, self._plan_layouts, self.dims, self._config.train.optimizer,
+                    self._config.runtime.shard_optimizer_state),
             },
         }

@@ -191,12 +191,16 @@ def metrics_on_mesh(metrics: list, mesh) -> list:
     return rebuilt
 
 
-def make_optimizer(train_config: config_lib.TrainConfig, plan, mesh):
+def make_optimizer(train_config: config_lib.TrainConfig, plan, mesh, shard_state: bool = False):
     """The optimizer of `train.optimizer`, with the run's schedule, as a DTensor optimizer
-    (given `mesh=`) whose updates DTensor applies exactly (`dtensor_optimizers`)."""
+    (given `mesh=`) whose updates DTensor applies exactly (`dtensor_optimizers`); with
+    `shard_state` (runtime.shard_optimizer_state) its slots are split over `batch`."""
     lr = optimizers.make_schedule(train_config, plan.schedule_epoch_steps, plan.total_steps)
+    common = {"mesh": mesh, "shard_state": shard_state}
     if train_config.optimizer == "sgd":
-        return dtensor_optimizers.SGD(lr, momentum=train_config.momentum, mesh=mesh)
+        return dtensor_optimizers.SGD(lr, momentum=train_config.momentum, **common)
     if train_config.optimizer == "adamw":
-        return dtensor_optimizers.AdamW(lr, weight_decay=train_config.weight_decay, mesh=mesh)
-    return dtensor_optimizers.Adam(lr, mesh=mesh)
+        return dtensor_optimizers.AdamW(lr, weight_decay=train_config.weight_decay, **common)
+    if train_config.optimizer == "adafactor":
+        return dtensor_optimizers.Adafactor(lr, **common)
+    return dtensor_optimizers.Adam(lr, **common)

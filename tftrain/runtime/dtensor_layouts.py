@@ -259,23 +259,64 @@ def shards(spec: tuple | None, mesh: dict[str, int]) -> int:
     return count
 
 
+def slot_spec(weight_spec: tuple | None, slot_shape: tuple, mesh: dict[str, int],
+              shard_state: bool) -> tuple:
+    """The sharding spec of an optimizer slot of shape `slot_shape` for a weight laid out as
+    `weight_spec` (None: replicated). A slot of the weight's own shape takes the weight's
+    spec; a factored one (Adafactor's row and column means) starts replicated. With
+    `shard_state` (runtime.shard_optimizer_state, ZeRO-1) its first unsharded dimension that
+    the mesh's batch dimension divides is split over `batch` too, so each data-parallel replica
+    keeps 1/batch of it; a slot with no such dimension stays as it was."""
+    rank = len(slot_shape)
+    if weight_spec is not None and len(weight_spec) == rank:
+        spec = list(weight_spec)
+    else:
+        spec = [UNSHARDED] * rank
+    if shard_state and mesh.get(BATCH, 1) > 1 and BATCH not in spec:
+        for axis, size in enumerate(slot_shape):
+            if spec[axis] == UNSHARDED and size % mesh[BATCH] == 0:
+                spec[axis] = BATCH
+                break
+    return tuple(spec)
+
+
 def memory_report(weights: Iterable[Weight], plan: dict[str, tuple], mesh: dict[str, int],
-                  optimizer_slots: int = 2) -> dict:
-    """Bytes of weights (+ optimizer slots, e.g. 2 for Adam) on one device vs the largest per
-    device of the mesh. Activations and gradients are not counted."""
-    one = per_device = 0
+                  optimizer: str = "adam", shard_state: bool = False) -> dict:
+    """Bytes of the weights and of `optimizer`'s state on one device vs the largest per device
+    of the mesh: each weight divided by its shards, each optimizer slot (`slot_shapes`) by the
+    shards of its `slot_spec` (over `batch` too with `shard_state`), rounded up per variable as
+    the devices hold them. Activations and gradients are not counted."""
+    from tftrain.training.optimizers import optimizer_slots, slot_shapes  # after TensorFlow
+
+    one = weights_per_device = state_per_device = 0
     sharded = replicated = 0
     for weight in weights:
-        copies = 1 + (optimizer_slots if weight.trainable else 0)
-        nbytes = weight.size * weight.itemsize * copies
-        pieces = shards(plan.get(weight.path), mesh)
+        spec = plan.get(weight.path)
+        nbytes = weight.size * weight.itemsize
+        pieces = shards(spec, mesh)
+        weights_per_device += -(-nbytes // pieces)
         one += nbytes
-        per_device += -(-nbytes // pieces)
+        for shape in slot_shapes(optimizer, weight.shape) if weight.trainable else ():
+            slot_bytes = _elements(shape) * weight.itemsize
+            one += slot_bytes
+            state_per_device += -(-slot_bytes // shards(
+                slot_spec(spec, shape, mesh, shard_state), mesh))
         if pieces > 1:
             sharded += weight.size
         else:
             replicated += weight.size
-    return {"mesh": format_mesh(mesh), "optimizer_slots": optimizer_slots,
+    per_device = weights_per_device + state_per_device
+    return {"mesh": format_mesh(mesh), "optimizer": optimizer,
+            "optimizer_slots": optimizer_slots(optimizer), "shard_optimizer_state": shard_state,
             "bytes_one_device": one, "bytes_per_device": per_device,
+            "weights_bytes_per_device": weights_per_device,
+            "optimizer_bytes_per_device": state_per_device,
             "per_device_fraction": per_device / one if one else 1.0,
             "sharded_params": sharded, "replicated_params": replicated}
+
+
+def _elements(shape: tuple) -> int:
+    count = 1
+    for dim in shape:
+        count *= int(dim)
+    return count

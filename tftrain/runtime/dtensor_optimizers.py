@@ -1,4 +1,4 @@
-"""SGD, Adam and AdamW for DTensor whose updates are pure data flow.
+"""SGD, Adam, AdamW and Adafactor for DTensor whose updates are pure data flow.
 
 In TensorFlow 2.21 a compiled DTensor function does not reliably order a variable read after
 an earlier write to the same variable in that function: tf-keras's update steps write a slot
@@ -11,17 +11,82 @@ These optimizers write each variable once per step, with a value computed from r
 before that write (data dependencies, which DTensor keeps): the step count and learning rate
 are read once, each slot's new value is computed, written, and the same tensor feeds the
 weight update, into which AdamW's weight decay is folded. The arithmetic is tf-keras's.
+
+With `shard_state=True` (`runtime.shard_optimizer_state`, ZeRO-1) each slot is created with the
+layout `dtensor_layouts.slot_spec` gives: besides any split over `model` that its weight has,
+split over the mesh's `batch` dimension, so each data-parallel replica keeps and updates 1/batch
+of it. A step lays the (all-reduced) gradient out as the slot is (`_to_slot`: each replica
+takes its share, no communication), computes the new slot values and the weight's delta there,
+and lays the delta out as the weight is (`_to_weight`: the all-gather over `batch`) before the
+weight's one write.
 """
 from __future__ import annotations
 
 import tensorflow as tf
 import tf_keras as keras
+from tensorflow.experimental import dtensor
+
+from tftrain.runtime import dtensor_layouts
+from tftrain.training import optimizers
 
 _schedules = keras.optimizers.schedules
 
 
 class _DataflowUpdates:
-    """Mixin for a tf-keras optimizer given `mesh=`: one data-dependent write per variable."""
+    """Mixin for a tf-keras optimizer given `mesh=`: one data-dependent write per variable,
+    and (`shard_state=True`) slots split over the mesh's batch dimension."""
+
+    def __init__(self, *args, shard_state: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._shard_state = shard_state
+        self._layouts = {}  # variable key -> its Layout (read in eager mode, used in the step)
+
+    def add_variable_from_reference(self, model_variable, variable_name, shape=None,
+                                    initial_value=None):
+        """A slot laid out by `dtensor_layouts.slot_spec` (split over `batch` when sharded)."""
+        if not self._shard_state:
+            return super().add_variable_from_reference(model_variable, variable_name, shape,
+                                                       initial_value)
+        weight_layout = dtensor.fetch_layout(model_variable)
+        self._layouts[self._var_key(model_variable)] = weight_layout
+        slot_shape = tuple(model_variable.shape if shape is None else shape)
+        dims = dict(zip(self._mesh.dim_names, self._mesh.shape()))
+        spec = dtensor_layouts.slot_spec(tuple(weight_layout.sharding_specs), slot_shape, dims,
+                                         shard_state=True)
+        layout = dtensor.Layout(list(spec), self._mesh)
+        dtype = getattr(model_variable, "true_dtype", model_variable.dtype)
+        slot = dtensor.DVariable(
+            initial_value=dtensor.call_with_layout(tf.zeros, layout, slot_shape, dtype=dtype),
+            name=f"{variable_name}/{model_variable._shared_name}", dtype=dtype, trainable=False)
+        self._variables.append(slot)
+        self._layouts[self._var_key(slot)] = layout
+        return slot
+
+    def _to_slot(self, tensor, slot):
+        """`tensor` laid out as `slot` is: each replica keeps its share."""
+        if not self._shard_state:
+            return tensor
+        return dtensor.relayout(tensor, self._layouts[self._var_key(slot)])
+
+    def _update_step(self, gradient, variable):
+        """Pins the gradient to its weight's layout first: otherwise DTensor's layout
+        propagation pushes a slot's `batch` split back into the op that made the gradient
+        (a bias's `BiasAddGrad`), which cannot produce it."""
+        if self._shard_state:
+            gradient = dtensor.relayout(gradient, self._layouts[self._var_key(variable)])
+        return super()._update_step(gradient, variable)
+
+    def _to_weight(self, tensor, variable):
+        """`tensor` (a delta in a slot's layout) laid out as `variable` is: the all-gather."""
+        if not self._shard_state:
+            return tensor
+        return dtensor.relayout(tensor, self._layouts[self._var_key(variable)])
+
+    def _gathered(self, tensor):
+        """`tensor` replicated over the mesh (Adafactor's row and column means)."""
+        if not self._shard_state:
+            return tensor
+        return dtensor.relayout(tensor, dtensor.Layout.replicated(self._mesh, tensor.shape.rank))
 
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         """Makes sparse gradients (Embedding) dense first: DTensor has no layout propagation
@@ -69,10 +134,11 @@ class SGD(_DataflowUpdates, keras.dtensor.experimental.optimizers.SGD):
         lr = self._lr(variable)
         momentum = tf.cast(self.momentum, variable.dtype)
         m = self._slot(self.momentums, variable)
+        gradient = self._to_slot(gradient, m)
         new_m = -gradient * lr + m * momentum
         m.assign(new_m)
         step = -gradient * lr + new_m * momentum if self.nesterov else new_m
-        variable.assign_sub(self._decayed(-step, variable))
+        variable.assign_sub(self._decayed(-self._to_weight(step, variable), variable))
 
 
 class _AdamUpdate:
@@ -90,6 +156,7 @@ class _AdamUpdate:
             epsilon = self.epsilon * tf.sqrt(1 - beta_2_power)
         m = self._slot(self._momentums, variable)
         v = self._slot(self._velocities, variable)
+        gradient = self._to_slot(gradient, m)
         new_m = m + (gradient - m) * (1 - self.beta_1)
         new_v = v + (tf.square(gradient) - v) * (1 - self.beta_2)
         m.assign(new_m)
@@ -98,8 +165,8 @@ class _AdamUpdate:
             v_hat = self._slot(self._velocity_hats, variable)
             new_v = tf.maximum(v_hat, new_v)
             v_hat.assign(new_v)
-        variable.assign_sub(self._decayed((new_m * alpha) / (tf.sqrt(new_v) + epsilon),
-                                          variable))
+        delta = self._to_weight((new_m * alpha) / (tf.sqrt(new_v) + epsilon), variable)
+        variable.assign_sub(self._decayed(delta, variable))
 
 
 class Adam(_DataflowUpdates, _AdamUpdate, keras.dtensor.experimental.optimizers.Adam):
@@ -108,3 +175,11 @@ class Adam(_DataflowUpdates, _AdamUpdate, keras.dtensor.experimental.optimizers.
 
 class AdamW(_DataflowUpdates, _AdamUpdate, keras.dtensor.experimental.optimizers.AdamW):
     """tf-keras AdamW (decoupled weight decay) with data-flow updates."""
+
+
+class Adafactor(_DataflowUpdates, optimizers.Adafactor):
+    """tftrain's Adafactor (factored second moments, written once per step) on a mesh."""
+
+    def _rate_and_step(self, variable):
+        """The rate and step count read once for this step (`_internal_apply_gradients`)."""
+        return self._lr(variable), tf.cast(self._step_count + 1, variable.dtype)

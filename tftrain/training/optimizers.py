@@ -101,6 +101,94 @@ def _unscaled_schedule(train: config_lib.TrainConfig, steps_per_epoch: int, tota
     return LinearWarmup(schedule, train.warmup_steps) if train.warmup_steps else schedule
 
 
+class Adafactor(keras.optimizers.Adafactor):
+    """tf-keras's Adafactor (Shazeer and Stern, 2018) keeping only what the method needs.
+
+    tf-keras 2.21's keeps, besides a weight's factored second moment (the row means `r` and
+    column means `c` of the squared gradients, over the last two dimensions), a full-size `v`
+    for every weight, and dummy `r`, `c` for vectors: as much state as Adam's second moment.
+    This one keeps `r` and `c` for weights of rank >= 2 and a full `v` only for the others,
+    and computes the full-size estimate per step as a temporary. The arithmetic and the
+    hyperparameters are tf-keras's (no first moment; with a constant rate and `relative_step`
+    the step is min(rate, 1/sqrt(t))). Each variable is written once per step from values read
+    before the write, so the same update runs under DTensor (`runtime.dtensor_optimizers`).
+    """
+
+    def build(self, var_list):
+        """Creates `r` and `c` for each weight of rank >= 2, `v` for the others."""
+        keras.optimizers.Optimizer.build(self, var_list)  # the step count and the index
+        if getattr(self, "_built", False):
+            return
+        self._built = True
+        self._r, self._c, self._v = [], [], []
+        for var in var_list:
+            shape = tuple(var.shape)
+            if len(shape) >= 2:
+                self._r.append(self._zeros_like_part(var, "r", shape[:-1]))
+                self._c.append(self._zeros_like_part(var, "c", shape[:-2] + shape[-1:]))
+                self._v.append(None)
+            else:
+                self._r.append(None)
+                self._c.append(None)
+                self._v.append(self.add_variable_from_reference(var, "v"))
+
+    def _zeros_like_part(self, var, name: str, shape: tuple):
+        """A zero slot of `shape` for `var` (placed with it under a strategy or a mesh)."""
+        return self.add_variable_from_reference(
+            var, name, shape=shape, initial_value=tf.zeros(shape, dtype=var.dtype))
+
+    def _rate_and_step(self, variable):
+        """This step's learning rate and 1-based step count (DTensor reads them once per step)."""
+        return (tf.cast(self.learning_rate, variable.dtype),
+                tf.cast(self.iterations + 1, variable.dtype))
+
+    def _to_slot(self, tensor, slot):
+        """Layout hooks for DTensor's sharded optimizer state; nothing to do here."""
+        return tensor
+
+    def _to_weight(self, tensor, variable):
+        return tensor
+
+    def _gathered(self, tensor):
+        return tensor
+
+    def update_step(self, gradient, variable):
+        """One write to `r` and `c` (or `v`) and one to the variable."""
+        lr, step = self._rate_and_step(variable)
+        if self.relative_step and not isinstance(self._learning_rate,
+                                                 keras.optimizers.schedules.LearningRateSchedule):
+            lr = tf.minimum(lr, tf.math.rsqrt(step))
+        index = self._index_dict[self._var_key(variable)]
+        gradient = tf.convert_to_tensor(gradient)
+        alpha = tf.maximum(tf.cast(self.epsilon_2, variable.dtype),
+                           _rms(variable)) * tf.minimum(lr, tf.math.rsqrt(step))
+        squared = tf.square(gradient) + self.epsilon_1
+        beta_2 = 1 - tf.pow(step, self.beta_2_decay)
+        if self._v[index] is None:
+            r, c = self._r[index], self._c[index]
+            new_r = beta_2 * r + (1 - beta_2) * self._to_slot(tf.reduce_mean(squared, -1), r)
+            new_c = beta_2 * c + (1 - beta_2) * self._to_slot(tf.reduce_mean(squared, -2), c)
+            r.assign(new_r)
+            c.assign(new_c)
+            new_r, new_c = self._gathered(new_r), self._gathered(new_c)
+            # rsqrt(v) as rsqrt(row factor) * rsqrt(column factor): their product v underflows
+            # to 0 for a row of zero gradients (an always-blank pixel's weights), and 0 * inf
+            # made tf-keras's update NaN there.
+            row = tf.math.rsqrt(new_r / tf.reduce_mean(new_r, axis=-1, keepdims=True))
+            update = gradient * tf.expand_dims(row, -1) * tf.expand_dims(tf.math.rsqrt(new_c), -2)
+        else:
+            new_v = (beta_2 * self._v[index]
+                     + (1 - beta_2) * self._to_slot(squared, self._v[index]))
+            self._v[index].assign(new_v)
+            update = gradient * tf.math.rsqrt(self._to_weight(new_v, variable))
+        update = update / tf.maximum(1.0, _rms(update) / self.clip_threshold)
+        variable.assign_add(-alpha * update)
+
+
+def _rms(x):
+    return tf.sqrt(tf.reduce_mean(tf.square(x)))
+
+
 def make_optimizer(train: config_lib.TrainConfig, steps_per_epoch: int, total_steps: int):
     """The optimizer that `train.optimizer` names, with its learning-rate schedule.
 
@@ -112,6 +200,8 @@ def make_optimizer(train: config_lib.TrainConfig, steps_per_epoch: int, total_st
         return keras.optimizers.SGD(lr, momentum=train.momentum)
     if train.optimizer == "adamw":
         return keras.optimizers.AdamW(lr, weight_decay=train.weight_decay)
+    if train.optimizer == "adafactor":
+        return Adafactor(lr)
     return keras.optimizers.Adam(lr)
 
 
@@ -154,5 +244,17 @@ def plateau_callback(train: config_lib.TrainConfig, mode: str = "auto"):
 
 def optimizer_slots(name: str) -> int:
     """Variables per trainable weight that `train.optimizer` keeps: adam and adamw 2 (moments),
-    sgd 1 (tf-keras SGD builds its momentum slot even at momentum 0, measured on 2.21)."""
-    return {"sgd": 1}.get(name, 2)
+    sgd 1 (tf-keras SGD builds its momentum slot even at momentum 0, measured on 2.21),
+    adafactor 1 (its second moment, factored for weights of rank >= 2: see `slot_shapes`)."""
+    return {"sgd": 1, "adafactor": 1}.get(name, 2)
+
+
+def slot_shapes(name: str, shape: tuple) -> list[tuple]:
+    """The shapes of the optimizer variables `train.optimizer` keeps for one trainable weight
+    of `shape`: adam and adamw two of `shape`, sgd one; adafactor, for a weight of rank >= 2,
+    the row and column means of its second moment (`shape[:-1]` and `shape[:-2] + shape[-1:]`),
+    else one of `shape`. What the plan (`tftrain check`) and the DTensor memory report count."""
+    shape = tuple(int(d) for d in shape)
+    if name == "adafactor":
+        return [shape[:-1], shape[:-2] + shape[-1:]] if len(shape) >= 2 else [shape]
+    return [shape] * optimizer_slots(name)

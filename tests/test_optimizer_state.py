@@ -1,0 +1,226 @@
+"""Optimizer state for big models: tftrain's Adafactor (factored second moments only) and
+DTensor's optimizer slots sharded over the mesh's batch dimension (ZeRO-1)."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras as keras
+
+from tests.conftest import REPO
+from tftrain.training import optimizers
+
+PYTHON = sys.executable
+TIMEOUT = 600
+
+
+def _model(seed: int = 0) -> keras.Model:
+    """Weights of rank 1, 2 and 3 (an EinsumDense kernel [8, 2, 4]), and an embedding."""
+    keras.utils.set_random_seed(seed)
+    ids = keras.Input(shape=(5,), dtype="int32")
+    x = keras.layers.Embedding(20, 8)(ids)
+    x = keras.layers.EinsumDense("btd,dhk->bthk", output_shape=(5, 2, 4), bias_axes="hk")(x)
+    x = keras.layers.Flatten()(x)
+    return keras.Model(ids, keras.layers.Dense(3)(x))
+
+
+def _train(optimizer, steps: int = 5) -> list:
+    model = _model()
+    model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    rng = np.random.default_rng(1)
+    for _ in range(steps):
+        model.train_on_batch(rng.integers(0, 20, (16, 5)), rng.integers(0, 3, (16,)))
+    return model.get_weights()
+
+
+@pytest.mark.parametrize("rate", [0.01, "schedule"])
+def test_adafactor_steps_as_tf_keras_adafactor_does(rate):
+    def rate_of():
+        return keras.optimizers.schedules.CosineDecay(0.05, 10) if rate == "schedule" else rate
+
+    ours = _train(optimizers.Adafactor(rate_of()))
+    theirs = _train(keras.optimizers.Adafactor(rate_of()))
+    moved = _model().get_weights()
+    assert any(np.abs(a - b).max() > 1e-3 for a, b in zip(ours, moved))
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_adafactor_stays_finite_where_tf_keras_adafactor_turns_nan():
+    """A weight row whose gradient is always zero (an input that is always 0, like digits's
+    blank border pixels): tf-keras's full-size estimate underflows to 0 there and 0 * inf
+    makes its update NaN; tftrain's multiplies the row and column factors' rsqrt instead."""
+    def train(optimizer):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([keras.layers.Dense(16, activation="relu", input_shape=(6,)),
+                                  keras.layers.Dense(3)])
+        model.compile(optimizer, keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        rng = np.random.default_rng(0)
+        x = rng.uniform(0, 16, (32, 6)).astype("float32")
+        x[:, 0] = 0.0  # an input that never varies: its kernel row gets no gradient
+        for _ in range(3):
+            model.train_on_batch(x, rng.integers(0, 3, (32,)))
+        return model.get_weights()
+
+    assert np.isnan(train(keras.optimizers.Adafactor(0.01))[0]).any()
+    assert all(np.isfinite(w).all() for w in train(optimizers.Adafactor(0.01)))
+
+
+def test_adafactor_keeps_factored_moments_only():
+    model = _model()
+    optimizer = optimizers.Adafactor(0.01)
+    model.compile(optimizer, "mse")
+    optimizer.build(model.trainable_variables)
+    kept = sorted(tuple(v.shape) for v in optimizer.variables if v is not optimizer.iterations)
+    expected = sorted(s for w in model.trainable_variables
+                      for s in optimizers.slot_shapes("adafactor", w.shape))
+    assert kept == expected
+    # embedding [20, 8]: 20 + 8; einsum kernel [8, 2, 4]: [8, 2] + [8, 4]; its bias [2, 4]: 2 + 4;
+    # dense kernel [40, 3]: 40 + 3; dense bias [3]: 3 (a vector keeps its full second moment)
+    assert sum(int(np.prod(s)) for s in kept) == 28 + 48 + 6 + 43 + 3
+    tf_keras_state = keras.optimizers.Adafactor(0.01)
+    tf_keras_state.build(model.trainable_variables)
+    params = sum(int(np.prod(w.shape)) for w in model.trainable_variables)
+    theirs = sum(int(np.prod(v.shape)) for v in tf_keras_state.variables[1:])
+    assert theirs > params  # a full copy and more: what tftrain's Adafactor does not keep
+
+
+# --- On a batch:2,model:2 mesh of virtual CPU devices (a subprocess) ----------------------------
+
+MESH_STEPS = r'''
+import json, sys
+import tftrain  # noqa: F401
+from tftrain import config as config_lib, models
+from tftrain.training import optimizers, steps
+from tftrain.runtime import dtensor as dtensor_runtime, dtensor_layouts
+from tftrain.engine import run_memory
+from tftrain.data import reader
+
+data_dir, overrides = sys.argv[1], sys.argv[2]
+config = config_lib.build_config("digits_dtensor", {}, f"data.dir={data_dir},train.steps=3,"
+                                 "train.lr_schedule=constant," + overrides)
+mesh, dims = dtensor_runtime.create_mesh(config.runtime)
+import numpy as np, tensorflow as tf, tf_keras as keras
+from tensorflow.experimental import dtensor
+
+keras.backend.experimental.enable_tf_random_generator()
+keras.utils.set_random_seed(0)
+model = models.build_model("mlp", {"dropout": 0}, (8, 8, 1), 10)
+plan = dtensor_runtime.resolve_layouts(model, "mlp", {}, dims)
+sharded = dtensor_runtime.build_sharded(model, mesh, plan)
+x, y = next(iter(reader.load(data_dir, "train", 32, training=False)))
+loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+dataset = dtensor.DTensorDataset(
+    tf.data.Dataset.from_tensor_slices((x, y)).repeat(), mesh=mesh, global_batch_size=32,
+    batch_dim="batch", layouts=(dtensor.Layout.batch_sharded(mesh, "batch", 4),
+                                dtensor.Layout.batch_sharded(mesh, "batch", 1)))
+optimizer = dtensor_runtime.make_optimizer(config.train, steps.StepPlan(3, 1, 3), mesh,
+                                           shard_state=config.runtime.shard_optimizer_state)
+sharded.compile(optimizer=optimizer, loss=loss)
+model.compile(optimizer=optimizers.make_optimizer(config.train, 3, 3), loss=loss)
+sharded.fit(dataset, epochs=1, steps_per_epoch=3, verbose=0)
+for _ in range(3):
+    model.train_on_batch(x, y)  # the same steps on one device
+mesh_weights = dtensor_runtime.named_variables(sharded)
+diffs = {p: float(np.abs(dtensor_runtime.gather(mesh_weights[p]).numpy() - v.numpy()).max())
+         for p, v in dtensor_runtime.named_variables(model).items()}
+slots = {v.name: dtensor.fetch_layout(v).sharding_specs
+         for v in run_memory.optimizer_state(optimizer)}
+report = dtensor_layouts.memory_report(dtensor_runtime.weights_of(model), plan, dims,
+                                       config.train.optimizer,
+                                       config.runtime.shard_optimizer_state)
+print("RESULT " + json.dumps({"diffs": diffs, "slots": slots, "report": report,
+                              "measured": run_memory.measure(sharded, optimizer)}))
+'''
+
+
+def _mesh_steps(digits_dir, overrides: str) -> dict:
+    env = {**__import__("os").environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    out = subprocess.run([PYTHON, "-c", MESH_STEPS, digits_dir, overrides], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=TIMEOUT)
+    lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
+    assert out.returncode == 0 and lines, out.stderr[-3000:]
+    return json.loads(lines[0][len("RESULT "):])
+
+
+@pytest.mark.parametrize("optimizer", ["adafactor", "adam", "sgd"])
+def test_sharded_optimizer_state_steps_as_one_device_does(digits_dir, optimizer):
+    plain = _mesh_steps(digits_dir, f"train.optimizer={optimizer}")
+    sharded = _mesh_steps(digits_dir, f"train.optimizer={optimizer},"
+                                      "runtime.shard_optimizer_state=true")
+    # Three steps on the mesh (slots whole per replica, or split over batch) = on one device.
+    assert max(plain["diffs"].values()) < 1e-5, plain["diffs"]
+    assert max(sharded["diffs"].values()) < 1e-5, sharded["diffs"]
+    # The slots really are split over `batch` (and `model` as their weight is) ...
+    assert all("batch" not in spec for spec in plain["slots"].values()), plain["slots"]
+    # (a kernel's slots all are; a bias split over `model` has no dimension left for `batch`)
+    kernels = {name: spec for name, spec in sharded["slots"].items() if "kernel" in name}
+    assert kernels and all("batch" in spec for spec in kernels.values()), sharded["slots"]
+    # ... so the state per device falls, and the report counts what the devices hold.
+    for result in (plain, sharded):
+        assert (result["report"]["optimizer_bytes_per_device"]
+                == result["measured"]["optimizer_bytes_per_device"]), result
+        assert (result["report"]["weights_bytes_per_device"]
+                == result["measured"]["weights_bytes_per_device"]), result
+    assert (sharded["measured"]["optimizer_bytes_per_device"]
+            < 0.6 * plain["measured"]["optimizer_bytes_per_device"])
+
+
+# --- Through the CLI, as a user runs it -----------------------------------------------------
+
+def _expected_state_bytes(run, optimizer: str) -> int:
+    from tftrain.engine.export import saved_model_dir
+
+    model = keras.models.load_model(saved_model_dir(str(run / "export")), compile=False)
+    return sum(4 * int(np.prod(shape)) for w in model.trainable_weights
+               for shape in optimizers.slot_shapes(optimizer, w.shape))
+
+
+@pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
+def test_adafactor_trains_through_the_cli(cli, tmp_path, digits_dir, strategy):
+    run = tmp_path / "run"
+    devices = ",runtime.cpu_devices=2" if strategy == "mirrored" else ""
+    assert cli("train", f"--model_dir={run}", f"--strategy={strategy}",
+               f"--params_override=data.dir={digits_dir},train.optimizer=adafactor,"
+               f"train.learning_rate=0.01,train.epochs=2{devices}") == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["strategy"] == strategy and summary["eval"]["accuracy"] > 0.8, summary
+    assert summary["memory"]["optimizer_bytes_per_device"] == _expected_state_bytes(
+        run, "adafactor")
+    assert summary["memory"]["optimizer_bytes_per_device"] < (
+        0.1 * summary["memory"]["weights_bytes_per_device"])  # Adam's would be 2x
+
+
+def test_dtensor_adafactor_with_sharded_state_resumes_through_the_cli(tmp_path, digits_dir):
+    """SIGTERM after the first backup, then the same command: the batch-split slots are saved
+    and restored as they are, and the run finishes."""
+    import signal
+
+    from tests.test_dtensor import _env, _wait_for_backup, TFTRAIN as DTENSOR_TFTRAIN
+
+    run = tmp_path / "run"
+    command = [*DTENSOR_TFTRAIN, "train", "--config=digits_dtensor", f"--model_dir={run}",
+               f"--params_override=data.dir={digits_dir},train.epochs=3,train.optimizer=adafactor,"
+               "train.learning_rate=0.01,runtime.shard_optimizer_state=true"]
+    process = subprocess.Popen(command, env=_env(), cwd=REPO, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        _wait_for_backup(process, run)
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=TIMEOUT)[0]
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 143, output[-3000:]
+    out = subprocess.run(command, env=_env(), cwd=REPO, capture_output=True, text=True,
+                         timeout=TIMEOUT)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["resumed_from"] and summary["eval"]["accuracy"] > 0.8, summary
+    planned, measured = summary["dtensor"]["memory"], summary["memory"]
+    assert planned["shard_optimizer_state"] and planned["optimizer"] == "adafactor"
+    assert planned["optimizer_bytes_per_device"] == measured["optimizer_bytes_per_device"]
+    assert planned["weights_bytes_per_device"] == measured["weights_bytes_per_device"]
+    assert measured["optimizer_bytes_per_device"] < 0.6 * _expected_state_bytes(run, "adafactor")
