@@ -218,12 +218,9 @@ def _wait_for_backup(process, run, timeout=TIMEOUT):
     raise AssertionError("no backup appeared")
 
 
-def test_digits_dtensor_resume_export_and_optimize(cli, tmp_path, digits_dir, capsys):
-    run = tmp_path / "run"
-    command = [*TFTRAIN, "train", "--config=digits_dtensor",
-               "--mesh=batch:2,model:2", f"--model_dir={run}",
-               f"--params_override=data.dir={digits_dir},train.epochs=4"]
-    # Interrupted after its first backup (SIGTERM: backs up and exits 143) ...
+def interrupted_then_resumed(command: list, run) -> dict:
+    """Runs `command` until its first backup, SIGTERMs it (it backs up and exits 143), runs
+    the same command again to the end; returns the finished run's summary."""
     process = subprocess.Popen(command, env=_env(), cwd=REPO, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     try:
@@ -235,11 +232,18 @@ def test_digits_dtensor_resume_export_and_optimize(cli, tmp_path, digits_dir, ca
             process.kill()
     assert process.returncode == 143, output[-3000:]
     assert not (run / "summary.json").exists()
-    # ... and the same command resumes it and finishes.
     out = subprocess.run(command, env=_env(), cwd=REPO, capture_output=True, text=True,
                          timeout=TIMEOUT)
     assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((run / "summary.json").read_text())
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_digits_dtensor_resume_export_and_optimize(cli, tmp_path, digits_dir, capsys):
+    run = tmp_path / "run"
+    command = [*TFTRAIN, "train", "--config=digits_dtensor",
+               "--mesh=batch:2,model:2", f"--model_dir={run}",
+               f"--params_override=data.dir={digits_dir},train.epochs=4"]
+    summary = interrupted_then_resumed(command, run)
     assert summary["strategy"] == "dtensor" and summary["num_replicas"] == 2
     assert summary["resumed_from"] and summary["resumed_from"][0] >= 1
     assert summary["epochs"] == 4

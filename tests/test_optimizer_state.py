@@ -196,28 +196,13 @@ def test_adafactor_trains_through_the_cli(cli, tmp_path, digits_dir, strategy):
 def test_dtensor_adafactor_with_sharded_state_resumes_through_the_cli(tmp_path, digits_dir):
     """SIGTERM after the first backup, then the same command: the batch-split slots are saved
     and restored as they are, and the run finishes."""
-    import signal
-
-    from tests.test_dtensor import _env, _wait_for_backup, TFTRAIN as DTENSOR_TFTRAIN
+    from tests.test_dtensor import TFTRAIN as DTENSOR_TFTRAIN, interrupted_then_resumed
 
     run = tmp_path / "run"
     command = [*DTENSOR_TFTRAIN, "train", "--config=digits_dtensor", f"--model_dir={run}",
                f"--params_override=data.dir={digits_dir},train.epochs=3,train.optimizer=adafactor,"
                "train.learning_rate=0.01,runtime.shard_optimizer_state=true"]
-    process = subprocess.Popen(command, env=_env(), cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
-    try:
-        _wait_for_backup(process, run)
-        process.send_signal(signal.SIGTERM)
-        output = process.communicate(timeout=TIMEOUT)[0]
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 143, output[-3000:]
-    out = subprocess.run(command, env=_env(), cwd=REPO, capture_output=True, text=True,
-                         timeout=TIMEOUT)
-    assert out.returncode == 0, out.stderr[-3000:]
-    summary = json.loads((run / "summary.json").read_text())
+    summary = interrupted_then_resumed(command, run)
     assert summary["resumed_from"] and summary["eval"]["accuracy"] > 0.8, summary
     planned, measured = summary["dtensor"]["memory"], summary["memory"]
     assert planned["shard_optimizer_state"] and planned["optimizer"] == "adafactor"
