@@ -29,6 +29,14 @@ def test_yaml_file_path_and_nested_override(tmp_path):
     config = config_lib.build_config(str(path), {}, "model.params={hidden_units: [8, 4], dropout: 0.0}")
     assert config.model.params == {"hidden_units": [8, 4], "dropout": 0.0}
     assert config.train.learning_rate == 1.0 and isinstance(config.train.learning_rate, float)
+    # A dotted key into a mapping sets that key and keeps the others (a whole mapping replaces).
+    config = config_lib.build_config(str(path), {}, "model.params.dropout=0.5")
+    assert config.model.params == {"hidden_units": [32], "dropout": 0.5}
+    config = config_lib.build_config("text_lm", {}, "model.params.remat=true,"
+                                     "data.pipeline_options.sequence_length=32")
+    assert config.model.params["width"] == 64 and config.model.params["remat"] is True
+    assert config.data.pipeline_options == {"sequence_length": 32}
+    assert "remat: true" in config_lib.to_yaml(config)
 
 
 @pytest.mark.parametrize("override, message", [

@@ -18,7 +18,7 @@ from tftrain import models, tasks
 from tftrain.config_schema import (  # noqa: F401  (the schema is part of this module's API)
     CACHE_MODES, CLUSTERS, DATA_FORMATS, JIT_COMPILE, LR_SCHEDULES, MONITORS, ON_NAN, OPTIMIZERS,
     PRECISIONS, SERVICE_MODES, STRATEGIES, TASK_LOSSES, TASK_TYPES, Config, DataConfig,
-    ModelConfig, RuntimeConfig, TaskConfig, TrainConfig, all_keys, apply_values,
+    ModelConfig, RuntimeConfig, TaskConfig, TrainConfig, WholeMapping, all_keys, apply_values,
     check_divisible, profile_steps, to_dict, to_yaml)
 from tftrain.errors import ConfigError
 from tftrain.runtime import dtensor_layouts
@@ -76,6 +76,8 @@ def parse_overrides(text: str) -> dict:
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             raise ConfigError(f"bad value in override {item!r}: not a YAML scalar, list or mapping") from None
+        if isinstance(value, dict):
+            value = WholeMapping(value)
         node = updates
         *parents, leaf = key.split(".")
         for part in parents:

@@ -216,6 +216,12 @@ def _coerce(key: str, value: Any, tp: Any) -> Any:
     return value
 
 
+class WholeMapping(dict):
+    """A mapping given whole in an override (`model.params={hidden_units: [32]}`): it replaces
+    the field's mapping, where a dotted key into it (`model.params.remat=true`) sets that key
+    and keeps the others."""
+
+
 # data.cache was true/false before it named what is kept: the params.yaml of older runs loads.
 _LEGACY_VALUES = {("data.cache", False): "none", ("data.cache", True): "records"}
 
@@ -238,6 +244,11 @@ def apply_values(config: Any, updates: dict, prefix: str = "") -> None:
         else:
             if isinstance(value, bool):
                 value = _LEGACY_VALUES.get((key, value), value)
+            current = getattr(config, name)
+            if isinstance(value, WholeMapping):  # 'model.params={...}': the mapping as given
+                value = dict(value)
+            elif isinstance(current, dict) and isinstance(value, dict):
+                value = {**current, **value}  # 'model.params.remat=true': one key, others kept
             setattr(config, name, _coerce(key, value, hints[name]))
 
 def profile_steps(text: str) -> tuple[int, int] | None:

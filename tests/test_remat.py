@@ -1,0 +1,116 @@
+"""Recomputation (`model.params.remat`): the same training, through the CLI as a user runs it,
+with each Transformer block's activations recomputed in the backward pass."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tf_keras as keras
+
+from tests.conftest import REPO
+from tftrain.engine.export import saved_model_dir
+from tftrain.models.transformer import recomputed_block_class
+
+TFTRAIN = os.path.join(os.path.dirname(sys.executable), "tftrain")
+TIMEOUT = 600
+STEPS = "train.steps=3,train.deterministic=true"
+
+
+def tftrain(*args, cwd):
+    return subprocess.run([TFTRAIN, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=TIMEOUT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+
+
+def trained(cwd, name: str, config: str, overrides: str, *flags) -> list:
+    """Trains `config` into runs/<name>; returns the exported model's weights."""
+    done = tftrain("train", f"--config={config}", f"--model_dir=runs/{name}",
+                   f"--params_override={overrides}", *flags, cwd=cwd)
+    assert done.returncode == 0, done.stderr[-3000:]
+    recomputed_block_class()  # registered, for loading the export
+    model = keras.models.load_model(saved_model_dir(str(cwd / "runs" / name / "export")),
+                                    compile=False)
+    return model.get_weights()
+
+
+def assert_same_weights(recomputed: list, kept: list) -> None:
+    assert [w.shape for w in recomputed] == [w.shape for w in kept]
+    for a, b in zip(recomputed, kept):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["transformer_lm", "transformer"])
+def test_recomputed_blocks_train_to_the_same_weights(name):
+    """From the same weights, five steps of the run's Adam: the same weights
+    (recomputation changes what is kept, not what is computed). A CLI run of each draws its
+    blocks' initial weights in another order, so the runs are compared from equal weights."""
+    import tensorflow as tf
+
+    from tftrain import config as config_lib, models
+    from tftrain.training import optimizers
+
+    train_config = config_lib.build_config("text_lm", {}, "").train
+    trained_weights = []
+    for remat in (False, True):
+        keras.utils.set_random_seed(0)
+        model = models.build_model(name, {"width": 32, "num_layers": 2, "num_heads": 4,
+                                          "mlp_width": 64, "dropout": 0.0, "remat": remat},
+                                   (16,), 50, {"vocab_size": 50, "sequence_length": 16})
+        if trained_weights:
+            model.set_weights(start)
+        start = model.get_weights()
+        model.compile(optimizers.make_optimizer(train_config, 5, 5),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        ids = np.random.default_rng(0).integers(1, 50, (8, 16))
+        labels = ids if name == "transformer_lm" else ids[:, 0] % 50
+        for _ in range(5):
+            model.train_on_batch(tf.constant(ids, tf.int32), labels)
+        trained_weights.append(model.get_weights())
+    kept, recomputed = trained_weights
+    assert any(np.abs(a - b).max() > 1e-3 for a, b in zip(kept, start))  # it trained
+    assert_same_weights(recomputed, kept)
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory):
+    """text_lm from its default data path, with recomputation."""
+    cwd = tmp_path_factory.mktemp("user")
+    trained(cwd, "remat", "text_lm", f"{STEPS},model.params.remat=true")
+    return cwd
+
+
+def test_a_recomputed_language_model_trains_exports_and_generates(lm_run):
+    cwd = lm_run
+    summary = json.loads((cwd / "runs/remat/summary.json").read_text())
+    assert summary["steps"] == 3 and np.isfinite(summary["eval"]["loss"])
+    params = (cwd / "runs/remat/params.yaml").read_text()
+    assert "remat: true" in params and "width: 64" in params  # the config's model, recomputed
+    generated = tftrain("generate", "--model_dir=runs/remat", "--prompt=The ",
+                        "--max_tokens=5", "--seed=1", cwd=cwd)
+    assert generated.returncode == 0 and generated.stdout.startswith("The "), generated.stderr
+
+
+def test_a_recomputed_model_on_a_dtensor_mesh(lm_run):
+    """The blocks' weights keep their Megatron layouts inside a recomputed block."""
+    cwd = lm_run
+    weights = trained(cwd, "remat-dtensor", "text_lm",
+                      "train.steps=3,model.params.remat=true,runtime.strategy=dtensor",
+                      "--mesh=batch:2,model:2")
+    assert all(np.isfinite(w).all() for w in weights)
+    summary = json.loads((cwd / "runs/remat-dtensor/summary.json").read_text())
+    layouts = summary["dtensor"]["layouts"]
+    assert layouts["block_0.attention._query_dense.kernel"] == "unsharded,model,unsharded"
+    assert layouts["block_1.mlp_out.kernel"] == "model,unsharded"
+    assert summary["memory"]["weights_bytes_per_device"] == (
+        summary["dtensor"]["memory"]["weights_bytes_per_device"])
+
+
+def test_remat_with_dropout_is_refused_in_one_line(tmp_path):
+    # With the config's dropout (0.1), recomputation would draw other masks: one line.
+    refused = tftrain("train", "--config=text_classification", "--model_dir=runs/refused",
+                      "--params_override=model.params.remat=true", cwd=tmp_path)
+    assert refused.returncode == 2, refused.stderr[-2000:]
+    errors = [line for line in refused.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+    assert "model.params.dropout=0" in errors[0] and "recomputed" in errors[0], errors
