@@ -14,6 +14,7 @@ import pytest
 from pipelines import load_pipeline
 from tests.conftest import REPO
 from tests.launch_testutil import Running
+from tests.test_documented_commands import SMALLER
 from tftrain import check, models
 from tftrain import config as config_lib
 from tftrain.check import memory
@@ -200,34 +201,41 @@ def test_input_fails_dynamic_batch_shapes_and_passes_static_ones(digits_dir):
 
 # -- memory ---------------------------------------------------------------------------------
 
-def _estimate(config, target):
-    import tensorflow as tf
-
-    with tf.Graph().as_default():  # variables are declared, not allocated: any size is cheap
-        model = models.build_model(config.model.name, config.model.params, (8, 8, 1), 10)
-        policy = precision.policy_for(config, target)
-        return memory.estimate(model, config, target, policy), policy
+def _plan(config, target):
+    policy = precision.policy_for(config, target)
+    shapes = memory.shapes_of(config, lambda params: models.build_model(
+        config.model.name, params, (8, 8, 1), 10))  # in a graph: any size is cheap
+    found = memory.plan(shapes, config, target, policy)
+    found.suggestions = memory.suggest(shapes, config, target, policy, found)
+    return found, shapes
 
 
 def test_memory_fails_a_large_model_with_a_large_batch_on_v2():
     config = _config("model.name=mlp,model.params={hidden_units: [8192, 8192, 8192]},"
                      "data.batch_size=262144")
     target = Target("tpu", 8, "v2", "local")
-    found, policy = _estimate(config, target)
-    assert found.params == 134_848_522 and found.slots == 2 and found.batch == 32768
-    finding = memory.check(found, config, target, policy)
+    found, shapes = _plan(config, target)
+    assert shapes.parameters == 134_848_522 and found.micro_batch == 32768
+    params = shapes.parameters
+    assert found.parts["weights"] == found.parts["gradients"] == 4 * params
+    assert found.parts["optimizer_state"] == 8 * params  # Adam's two moments
+    finding = memory.check(found, shapes)
     assert finding.status == ERROR and "does not fit" in finding.what
-    assert "8 GiB HBM of a v2 TPU core" in finding.what
-    assert "data.batch_size <= " in finding.fix and "mixed_bfloat16" in finding.fix
-    assert "DTensor" in finding.fix
+    assert "of the 8.00 GiB of a v2 TPU core" in finding.what
+    # What would fit, each re-planned: the batch split into accumulated micro-batches.
+    assert found.suggestions and all(s["bytes_per_device"] <= 8 * memory.GIB
+                                     for s in found.suggestions)
+    assert any("train.grad_accum_steps" in s["override"] for s in found.suggestions)
+    assert found.suggestions[0]["override"] in finding.fix
 
 
 def test_memory_passes_the_digits_cnn_on_v5e():
     config = _config("runtime.mixed_precision=mixed_bfloat16")
-    found, policy = _estimate(config, TPU_VM)
-    finding = memory.check(found, config, TPU_VM, policy)
+    found, shapes = _plan(config, TPU_VM)
+    finding = memory.check(found, shapes)
     assert finding.status == OK and finding.what.startswith("fits: ~")
-    assert "of the 16 GiB HBM of a v5e TPU chip" in finding.what
+    assert "of the 16.00 GiB of a v5e TPU chip" in finding.what
+    assert found.parts["compute_copies"] == 2 * shapes.parameters
 
 
 # -- hardware -------------------------------------------------------------------------------
@@ -265,8 +273,10 @@ def test_every_shipped_config_passes_the_targets_it_claims(name, target, own_dat
     from tf_keras.src.mixed_precision import device_compatibility_check as device_check
 
     monkeypatch.setattr(device_check, "_logged_compatibility_check", False)
+    smaller = SMALLER.get(f"{name}.yaml")  # lm_1b: bench/big_model.py checks it as shipped
     assert cli("check", f"--config={name}", f"--target={target}",
-               f"--params_override=data.dir={own_data(name)}") == 0
+               f"--params_override=data.dir={own_data(name)}"
+               + (f",{smaller}" if smaller else "")) == 0
     out, err = capfd.readouterr()
     lines = out.strip().splitlines()
     assert lines[-1].startswith("summary: 0 errors,"), lines

@@ -7,10 +7,19 @@ import signal
 
 def available_memory() -> int | None:
     """Bytes of memory available to a new process (Linux MemAvailable), or None if unknown."""
+    return _meminfo("MemAvailable")
+
+
+def total_memory() -> int | None:
+    """Bytes of this machine's memory (Linux MemTotal), or None if unknown."""
+    return _meminfo("MemTotal")
+
+
+def _meminfo(field: str) -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass

@@ -26,7 +26,7 @@ HOST_SHARE = 0.5  # run the step here only on a batch whose estimate fits this s
 
 
 def run(config, target: Target, model_dir: str | None = None,
-        convert_data: bool = True) -> Report:
+        convert_data: bool = True, gpu_type: str = "") -> Report:
     """Every check of `config` on `target`; the report (its `exit_code` is 1 on errors).
 
     `convert_data` is `train`'s (`config.conversion_allowed`): whether a missing dataset
@@ -48,13 +48,14 @@ def run(config, target: Target, model_dir: str | None = None,
         report.extend(input_pipeline.check(config, target))
     except bad_input() as e:
         report.extend([failure("input", "building the training input pipeline", e)])
-    report.extend(_model_checks(config, target))
+    report.extend(_model_checks(config, target, report, gpu_type))
     return report
 
 
-def _model_checks(config, target: Target) -> list[Finding]:
-    """Builds the run as `train` does (`engine.prepare`), on this machine's default strategy
-    under the target's policy and compiler: memory, then the steps."""
+def _model_checks(config, target: Target, report: Report, gpu_type: str = "") -> list[Finding]:
+    """The memory plan (from the model's shapes, built in a graph), then the run built as
+    `train` builds it (`engine.prepare`) on this machine's default strategy under the
+    target's policy and compiler, and its steps run, when its state fits here."""
     import tensorflow as tf
     import tf_keras as keras
 
@@ -63,6 +64,23 @@ def _model_checks(config, target: Target) -> list[Finding]:
 
     policy = precision.policy_for(config, target)
     compiled, how = xla.uses_xla(config, target)
+    try:
+        shapes = _shapes(config)
+    except bad_input() as e:
+        return [failure("model", f"building model.name={config.model.name}", e)]
+    found = memory.plan(shapes, config, target, policy, gpu_type)
+    if found.device_bytes and found.bytes_per_device > memory.TIGHT * found.device_bytes:
+        found.suggestions = memory.suggest(shapes, config, target, policy, found, gpu_type)
+    report.memory = found.to_json()
+    findings = [memory.check(found, shapes)]
+    here = memory.plan(shapes, _on_this_host(config), Target("cpu", 1), policy)
+    size = _host_batch(here)
+    if size == 0:
+        state = here.bytes_per_device - here.parts["activations"]
+        return findings + [Finding(ADVICE, "xla", "steps not run: the weights and optimizer "
+                                   f"state (~{memory.size(state)}) do not fit in this "
+                                   "machine's free memory", "run the check on a larger "
+                                   "machine to compile the steps")]
     # One step per call: train_on_batch feeds one batch, and XLA compiles the same step function
     # whatever steps_per_execution is (it only loops over it).
     one_step = dataclasses.replace(config, train=dataclasses.replace(config.train,
@@ -76,23 +94,34 @@ def _model_checks(config, target: Target) -> list[Finding]:
                 run_ = prepare.prepare(one_step, backend, convert_data=False)
             except bad_input() as e:
                 return [failure("model", f"building model.name={config.model.name}", e)]
-        estimate = memory.estimate(run_.model, config, target, policy)
-        findings = [memory.check(estimate, config, target, policy)]
-        size = _host_batch(estimate)
-        if size == 0:
-            findings.append(Finding(ADVICE, "xla", "steps not run: the weights and optimizer state "
-                                    f"(~{memory.size(estimate.state_bytes)}) do not fit "
-                                    "in this machine's free memory", "run the check on a larger "
-                                    "machine to compile the steps"))
-            return findings
         train_batch, eval_batch = _one_batch(config, target, size)
-        if size < estimate.batch:
-            findings.append(Finding(ADVICE, "xla", f"steps run on {size} examples instead of one "
-                                    f"replica's {estimate.batch}, to fit this machine's free "
-                                    "memory (the same ops compile; only the sizes differ)"))
+        if size < here.micro_batch:
+            findings.append(Finding(ADVICE, "xla", f"steps run on {size} examples instead of "
+                                    f"one replica's {here.micro_batch}, to fit this machine's "
+                                    "free memory (the same ops compile; only the sizes differ)"))
         return findings + xla.check(run_.trainer, run_.model, train_batch, eval_batch, how, policy)
     finally:
         keras.mixed_precision.set_global_policy(previous)
+
+
+def _shapes(config):
+    """The model's shapes for the plan, built in a graph as `train` would build it."""
+    from tftrain import models, tasks
+    from tftrain.check import memory
+    from tftrain.engine import backends, prepare
+
+    manifest = prepare.ensure_dataset(config.data, True, convert=False)
+    _, task = tasks.resolve(config, manifest)
+    input_shape = backends.input_shape(config.data)
+    return memory.shapes_of(config, lambda params: models.build_model(
+        config.model.name, params, input_shape, task.outputs(),
+        dataset_info=manifest.get("info")))
+
+
+def _on_this_host(config):
+    """`config` as the check runs its steps here: one device, no mesh."""
+    runtime = dataclasses.replace(config.runtime, strategy="auto", shard_optimizer_state=False)
+    return dataclasses.replace(config, runtime=runtime)
 
 
 class _DeviceWarningFilter(python_logging.Filter):
@@ -125,15 +154,18 @@ def _hiding_device_warning():
         handler.removeFilter(hide)
 
 
-def _host_batch(estimate) -> int:
-    """One replica's batch, reduced to fit HOST_SHARE of this machine's free memory (0: none)."""
+def _host_batch(here) -> int:
+    """One replica's batch, reduced to fit HOST_SHARE of this machine's free memory (0: none);
+    `here` is the plan of the run on this host (one device)."""
     free = available_memory()
     if free is None:
-        return estimate.batch
-    budget = HOST_SHARE * free - estimate.state_bytes
+        return here.micro_batch
+    state = here.bytes_per_device - here.parts["activations"]
+    budget = HOST_SHARE * free - state
     if budget <= 0:
         return 0
-    return max(1, min(estimate.batch, int(budget // max(estimate.bytes_per_example, 1))))
+    per_example = max(here.parts["activations"] // max(here.micro_batch, 1), 1)
+    return max(1, min(here.micro_batch, int(budget // per_example)))
 
 
 def _one_batch(config, target: Target, size: int):

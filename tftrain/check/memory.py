@@ -1,123 +1,323 @@
-"""Memory: a rough estimate of one replica's memory in a training step, against its HBM.
+"""Memory: a plan of one device's bytes in a training step, by part, against its memory.
 
-The formula (bytes, for one replica: a TPU core on v2/v3, a chip from v4 on):
+Per device (a TPU core or chip, a GPU, this host for `cpu`), the device that holds the most:
 
-    params * 4                      the variables, float32 also under mixed precision
-  + params * 2 under mixed_*        the bfloat16/float16 copies the layers compute with
-  + trainable * 4                   the gradients
-  + trainable * 4 * slots           optimizer slots: adam and adamw 2, sgd with momentum 1, sgd 0
-  + outputs * batch * b * 2         activations: the sum of every layer's output elements for one
-                                    example (from the built model), times one replica's
-                                    micro-batch (data.batch_size / replicas), b bytes per element
-                                    (2 under mixed precision, else 4), x2 for backprop (outputs
-                                    kept for the backward pass, and their gradients)
+  weights          every variable (float32), divided by its shards under DTensor (its layout
+                   from the rules training uses: `dtensor_layouts.make_rules` + `resolve`)
+  compute_copies   2 bytes per weight under mixed_bfloat16/mixed_float16 (the layers' casts)
+  gradients        4 bytes per trainable weight, sharded like it; twice with
+                   train.grad_accum_steps > 1 (the running sums beside each micro-batch's)
+  optimizer_state  per trainable weight, the slots of `optimizers.slot_shapes` (Adam 2 full,
+                   Adafactor its row and column means), each divided by the shards of its
+                   `dtensor_layouts.slot_spec` (over `batch` too with shard_optimizer_state)
+  activations      one replica's micro-batch (data.batch_size / replicas or the mesh's batch
+                   dimension) x what one example keeps for the backward pass: every layer's
+                   output plus what MultiHeadAttention keeps inside (query, key and value
+                   projections, the [heads, T, S] scores and probabilities), x2 (the values and
+                   their gradients), 2 bytes per element under mixed precision, else 4. With
+                   recomputation (model.params.remat) each block keeps its output, and one
+                   block's activations exist at a time.
 
-It is a fair first guess, not XLA's number: XLA fuses some outputs away and adds workspace, and
-a TPU pads the two minor dimensions of each tensor to multiples of 8 and 128, so tensors with few
-channels take more than they hold. Only the TPU's own compile reports the real figure.
-HBM per replica: v2 8 GiB, v3 16 GiB (per core); v4 32 GiB, v5e 16 GiB, v5p 95 GiB, v6e 32 GiB
-(per chip; see `hardware`).
+Weights and optimizer state are exact: they are what `engine.run_memory` measures on a real
+run (tested). Activations are an estimate: XLA fuses some away and adds workspace, a TPU pads
+the two minor dimensions of a tensor to 8 and 128, and under DTensor the activations that the
+Megatron rules split over `model` are counted whole (an upper bound). A pipeline of stages
+(not built yet) would divide the weights' part by the stages: `_layout` is the seam.
+
+The model is built for its shapes only (in a `tf.Graph`, where variables take no memory), so
+a config of billions of parameters plans in seconds. When it does not fit, `suggest` re-plans
+the cheapest changes from the same shapes.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import itertools
+import re
 
-from tftrain.training.optimizers import optimizer_slots
 from tftrain.rules import hardware
 from tftrain.rules.report import ADVICE, ERROR, OK, Finding, Target
+from tftrain.runtime import dtensor_layouts
 
 FAMILY = "memory"
 GIB = 1 << 30
-TIGHT = 0.8  # above this share of HBM: advice (XLA workspace and padding come on top)
+TIGHT = 0.8  # above this share of the device's memory: advice (workspace and padding on top)
+PARTS = ("weights", "compute_copies", "gradients", "optimizer_state", "activations")
+_BLOCK = re.compile(r"block_(\d+)[_.]")
 
 
 @dataclasses.dataclass(frozen=True)
-class Estimate:
-    """One replica's estimated memory for a training step, by part (bytes)."""
+class ModelShapes:
+    """What the plan needs of a model: its weights, and the elements one example keeps."""
 
-    params: int
-    trainable: int
-    slots: int
-    state_bytes: int  # weights, compute copies, gradients, optimizer slots
-    bytes_per_example: int  # activations of one example, backprop included
-    batch: int  # one replica's micro-batch
-    unknown_layers: tuple = ()  # layers whose output size is not known (subclassed models)
+    weights: tuple  # dtensor_layouts.Weight, by LayoutMap path
+    per_example: int  # every layer's outputs (+ attention's insides), one example
+    per_example_recomputed: int  # the same with each block recomputed in the backward pass
+    unknown_layers: tuple = ()  # layers whose output size is not known (not counted)
 
     @property
-    def activation_bytes(self) -> int:
-        """Activations of one replica's micro-batch."""
-        return self.bytes_per_example * self.batch
+    def parameters(self) -> int:
+        return sum(w.size for w in self.weights)
+
+
+@dataclasses.dataclass
+class Plan:
+    """One device's bytes by part, against `device_bytes`."""
+
+    target: str
+    device_bytes: int | None
+    devices: int
+    micro_batch: int
+    parts: dict
+    activations_without_remat: int
+    remat: bool
+    suggestions: list = dataclasses.field(default_factory=list)
 
     @property
-    def total(self) -> int:
-        """Everything: state plus activations."""
-        return self.state_bytes + self.activation_bytes
+    def bytes_per_device(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.device_bytes is None or self.bytes_per_device <= self.device_bytes
+
+    def to_json(self) -> dict:
+        """The plan as `tftrain check --json` writes it under "memory"."""
+        return {"target": self.target, "device_bytes": self.device_bytes,
+                "devices": self.devices, "micro_batch": self.micro_batch,
+                "parts": {**self.parts,
+                          "activations_without_remat": self.activations_without_remat},
+                "remat": self.remat, "bytes_per_device": self.bytes_per_device,
+                "fits": self.fits, "suggestions": self.suggestions}
 
 
-def estimate(model, config, target: Target, policy: str) -> Estimate:
-    """The estimate for `model` (built) under `policy`, with one replica's micro-batch."""
+def shapes_of(config, build) -> ModelShapes:
+    """The shapes of the model `build()` returns, built in a graph (no memory is allocated).
+    A recomputed model is planned from its plain twin (same weights, visible insides)."""
+    import tensorflow as tf
+
+    from tftrain.runtime import dtensor
+
+    with tf.Graph().as_default():
+        model = build(dict(config.model.params, remat=False)
+                      if config.model.params.get("remat") else config.model.params)
+        weights = tuple(dtensor.weights_of(model))
+        per_example, recomputed, unknown = _activation_elements(model)
+    return ModelShapes(weights, per_example, recomputed, tuple(unknown))
+
+
+def _activation_elements(model) -> tuple[int, int, list]:
+    """(all, with recomputation, unknown layers) per example: outputs and attention insides."""
+    nodes = [(depth, node) for depth, group in getattr(model, "_nodes_by_depth", {}).items()
+             for node in group]
+    total, outside, unknown = 0, 0, []
+    blocks: dict[int, list] = {}
+    for depth, node in nodes:
+        elements, missing = _node_elements(node)
+        unknown += missing
+        total += elements
+        match = _BLOCK.match(node.layer.name)
+        if match:
+            blocks.setdefault(int(match.group(1)), []).append((depth, elements, node))
+        else:
+            outside += elements
+    kept = outside
+    for members in blocks.values():  # a block keeps its output (its shallowest node's)
+        kept += _output_elements(min(members, key=lambda m: m[0])[2])
+    inside = max((sum(m[1] for m in members) for members in blocks.values()), default=0)
+    return total, kept + inside, unknown
+
+
+def _node_elements(node) -> tuple[int, list]:
+    layer = node.layer
+    if getattr(layer, "_is_graph_network", False):
+        inner, _, unknown = _activation_elements(layer)
+        return inner, unknown
+    try:
+        elements = _output_elements(node)
+    except ValueError:
+        return 0, [layer.name]
+    if type(layer).__name__ == "MultiHeadAttention":
+        elements += _attention_insides(layer, node)
+    return elements, []
+
+
+def _output_elements(node) -> int:
     import numpy as np
 
-    params = int(model.count_params())
-    trainable = int(sum(np.prod(w.shape) for w in model.trainable_weights))
-    slots = optimizer_slots(config.train.optimizer)
+    outputs = node.outputs if isinstance(node.outputs, (list, tuple)) else [node.outputs]
+    total = 0
+    for output in outputs:
+        dims = list(output.shape)[1:]
+        if any(d is None for d in dims):
+            raise ValueError("unknown size")
+        total += int(np.prod(dims, dtype=np.int64))
+    return total
+
+
+def _attention_insides(layer, node) -> int:
+    """Query, key and value projections and the scores and probabilities, one example."""
+    config = layer.get_config()
+    heads, key_dim = config["num_heads"], config["key_dim"]
+    value_dim = config.get("value_dim") or key_dim
+    inputs = node.input_tensors if isinstance(node.input_tensors, list) else [node.input_tensors]
+    queries = int(inputs[0].shape[1])
+    keys = int(inputs[-1].shape[1]) if len(inputs) > 1 else queries
+    projections = heads * (queries * key_dim + keys * key_dim + keys * value_dim)
+    return projections + 2 * heads * queries * keys
+
+
+def device_bytes(target: Target, gpu_type: str = "") -> int | None:
+    """One device's memory: a TPU replica's HBM, a GPU's, this host's RAM (cpu)."""
+    from tftrain.host import total_memory
+
+    if target.kind == "tpu":
+        generation = hardware.GENERATIONS.get(target.tpu_type)
+        return int(generation.hbm_gib * GIB) if generation else None
+    if target.kind == "gpu":
+        return int(hardware.GPUS[gpu_type or DEFAULT_GPU] * GIB)
+    return total_memory()
+
+
+DEFAULT_GPU = "a100-80gb"
+
+
+def plan(shapes: ModelShapes, config, target: Target, policy: str,
+         gpu_type: str = "") -> Plan:
+    """One device's bytes for `config` on `target` (suggestions empty: see `suggest`)."""
+    from tftrain.training.optimizers import slot_shapes
+
+    specs, dims, replicas, devices = _layout(shapes, config, target)
     mixed = policy.startswith("mixed_")
-    state = params * 4 + (params * 2 if mixed else 0) + trainable * 4 * (1 + slots)
-    elements, unknown = output_elements(model)
-    per_example = elements * (2 if mixed else 4) * 2
-    batch = max(config.data.batch_size // target.replicas, 1)
-    return Estimate(params, trainable, slots, state, per_example, batch, tuple(unknown))
-
-
-def output_elements(model) -> tuple[int, list[str]]:
-    """Sum of the output elements of one example over every layer's call in the model.
-
-    Nested functional models are walked into; a layer whose output shape is not known (inside
-    a subclassed model) is listed instead.
-    """
-    import numpy as np
-
-    nodes = [node for depth in getattr(model, "_nodes_by_depth", {}).values() for node in depth]
-    if not nodes:
-        return 0, [model.name]
-    total, unknown = 0, []
-    for node in nodes:
-        layer = node.layer
-        if getattr(layer, "_is_graph_network", False) and layer is not model:
-            inner, inner_unknown = output_elements(layer)
-            total += inner
-            unknown += inner_unknown
+    parts = dict.fromkeys(PARTS, 0)
+    for weight in shapes.weights:
+        spec = specs.get(weight.path)
+        pieces = dtensor_layouts.shards(spec, dims)
+        parts["weights"] += -(-weight.size * weight.itemsize // pieces)
+        parts["compute_copies"] += -(-weight.size * 2 // pieces) if mixed else 0
+        if not weight.trainable:
             continue
-        outputs = node.outputs if isinstance(node.outputs, (list, tuple)) else [node.outputs]
-        for output in outputs:
-            dims = list(output.shape)[1:]
-            if any(d is None for d in dims):
-                unknown.append(layer.name)
-            else:
-                total += int(np.prod(dims, dtype=np.int64))
-    return total, unknown
+        accum = 2 if config.train.grad_accum_steps > 1 else 1
+        parts["gradients"] += accum * -(-weight.size * 4 // pieces)
+        for shape in slot_shapes(config.train.optimizer, weight.shape):
+            slot = dtensor_layouts.slot_spec(spec, shape, dims, config.runtime.shard_optimizer_state)
+            nbytes = dtensor_layouts.elements(shape) * weight.itemsize
+            parts["optimizer_state"] += -(-nbytes // dtensor_layouts.shards(slot, dims))
+    micro = max(config.data.batch_size // replicas, 1)
+    remat = bool(config.model.params.get("remat"))
+    element = (2 if mixed else 4) * 2 * micro
+    parts["activations"] = element * (shapes.per_example_recomputed if remat
+                                      else shapes.per_example)
+    name = (f"a {target.tpu_type or 'TPU'} {target.replica_word}" if target.kind == "tpu" else
+            f"a {gpu_type or DEFAULT_GPU} GPU" if target.kind == "gpu" else "this host's memory")
+    return Plan(name, device_bytes(target, gpu_type), devices, micro, parts,
+                element * shapes.per_example, remat)
 
 
-def check(found: Estimate, config, target: Target, policy: str) -> Finding:
-    """The estimate against the HBM of one replica of `target.tpu_type` (TPU only)."""
-    word = target.replica_word
-    parts = (f"~{size(found.total)} per {word}: weights, gradients and {found.slots} "
-             f"optimizer slot{'s' if found.slots != 1 else ''} of {found.params:,} parameters "
-             f"{size(found.state_bytes)} + activations of {found.batch} examples "
-             f"{size(found.activation_bytes)} ({policy})")
-    if found.unknown_layers:
-        parts += f"; output sizes unknown for {', '.join(found.unknown_layers[:3])} (not counted)"
-    generation = hardware.GENERATIONS.get(target.tpu_type) if target.kind == "tpu" else None
-    if generation is None:
-        return Finding(OK, FAMILY, f"estimated {parts}")
-    hbm = generation.hbm_gib * GIB
-    against = f"{parts}, of the {generation.hbm_gib:g} GiB HBM of a {generation.name} {word}"
-    if found.total > hbm:
-        return Finding(ERROR, FAMILY, f"does not fit: {against}", _fit_advice(found, config,
-                                                                              target, hbm, policy))
-    if found.total > TIGHT * hbm:
-        return Finding(ADVICE, FAMILY, f"tight: {against} (XLA adds workspace and padding)",
-                       _fit_advice(found, config, target, TIGHT * hbm, policy))
+def _layout(shapes: ModelShapes, config, target: Target) -> tuple[dict, dict, int, int]:
+    """(weight specs, mesh dims, data-parallel replicas, devices) of the config's backend."""
+    if config.runtime.strategy == "dtensor":
+        dims = dtensor_layouts.parse_mesh(config.runtime.mesh)
+        rules = dtensor_layouts.make_rules(config.model.name, config.runtime.layout_rules, dims)
+        specs = dtensor_layouts.resolve(shapes.weights, rules, dims)
+        return specs, dims, dims[dtensor_layouts.BATCH], dtensor_layouts.mesh_size(dims)
+    return {}, {}, target.replicas, target.replicas
+
+
+def suggest(shapes: ModelShapes, config, target: Target, policy: str, found: Plan,
+            gpu_type: str = "") -> list[dict]:
+    """The changes that make `config` fit, re-planned: single changes first, in the order of
+    `_changes` (least disruptive first), then pairs and triples when no single one fits."""
+    from tftrain import config as config_lib
+
+    changes = _changes(config, found.devices)
+    budget = found.device_bytes
+    fitting = []
+    for count in (1, 2, 3):
+        for combination in itertools.combinations(changes, count):
+            override = ",".join(combination)
+            try:
+                changed = _with_overrides(config, override, config_lib)
+                replanned = plan(shapes, changed, target, _policy_of(changed, policy), gpu_type)
+            except Exception:  # noqa: BLE001 - a change this config cannot take is no suggestion
+                continue
+            if budget is None or replanned.bytes_per_device <= budget:
+                fitting.append({"override": override,
+                                "bytes_per_device": replanned.bytes_per_device})
+        if fitting:
+            return fitting[:5]
+    return []
+
+
+def _with_overrides(config, override: str, config_lib):
+    changed = copy.deepcopy(config)
+    config_lib.apply_values(changed, config_lib.parse_overrides(override))
+    config_lib.validate(changed)
+    return changed
+
+
+def _policy_of(config, policy: str) -> str:
+    mixed = config.runtime.mixed_precision
+    return mixed if mixed.startswith("mixed_") else policy
+
+
+def _changes(config, devices: int) -> list[str]:
+    """Candidate overrides, least disruptive first."""
+    changes = []
+    params, train, runtime = config.model.params, config.train, config.runtime
+    if config.model.name in ("transformer", "transformer_lm") and not params.get("remat"):
+        changes.append("model.params.remat=true" + (
+            ",model.params.dropout=0" if params.get("dropout") else ""))
+    if train.optimizer != "adafactor":
+        changes.append("train.optimizer=adafactor")
+    dtensor = runtime.strategy == "dtensor"
+    if dtensor and not runtime.shard_optimizer_state:
+        changes.append("runtime.shard_optimizer_state=true")
+    if not dtensor and not runtime.mixed_precision.startswith("mixed_"):
+        changes.append("runtime.mixed_precision=mixed_bfloat16")
+    batch = config.data.batch_size
+    for k in (2, 4, 8):
+        if not dtensor and batch % k == 0 and batch // k >= 1:
+            changes.append(f"data.batch_size={batch // k},train.grad_accum_steps="
+                           f"{train.grad_accum_steps * k}")
+    current = (dtensor_layouts.parse_mesh(runtime.mesh)[dtensor_layouts.MODEL]
+               if dtensor else 1)
+    for model in (m for m in (2, 4, 8, 16) if current < m <= devices and devices % m == 0):
+        if batch % (devices // model) == 0:
+            changes.append(f"runtime.strategy=dtensor,runtime.mesh='batch:{devices // model},"
+                           f"model:{model}'")
+    return changes
+
+
+def check(found: Plan, shapes: ModelShapes) -> Finding:
+    """The plan against the device's memory: ok, advice when tight, error when it does not fit
+    (with the suggestions that would)."""
+    parts = found.parts
+    text = (f"~{size(found.bytes_per_device)} per device ({found.devices} device"
+            f"{'s' if found.devices != 1 else ''}): weights {size(parts['weights'])}"
+            + (f" + compute copies {size(parts['compute_copies'])}"
+               if parts["compute_copies"] else "")
+            + f" + gradients {size(parts['gradients'])} + optimizer state "
+            f"{size(parts['optimizer_state'])} + activations of {found.micro_batch} examples "
+            f"{size(parts['activations'])}"
+            + (f" (recomputed; {size(found.activations_without_remat)} without)"
+               if found.remat else "")
+            + f", {shapes.parameters:,} parameters")
+    if shapes.unknown_layers:
+        text += (f"; output sizes unknown for {', '.join(shapes.unknown_layers[:3])} "
+                 "(not counted)")
+    if found.device_bytes is None:
+        return Finding(OK, FAMILY, f"planned {text}")
+    against = f"{text}, of the {size(found.device_bytes)} of {found.target}"
+    fixes = "; ".join(f"--params_override=\"{s['override']}\" "
+                      f"(~{size(s['bytes_per_device'])})" for s in found.suggestions)
+    if not found.fits:
+        return Finding(ERROR, FAMILY, f"does not fit: {against}",
+                       fixes or "no single change of batch, precision, optimizer, "
+                       "recomputation or mesh fits: more devices or a larger device")
+    if found.bytes_per_device > TIGHT * found.device_bytes:
+        return Finding(ADVICE, FAMILY, f"tight: {against} (workspace and padding come on "
+                       "top)", fixes or "leave room: a smaller data.batch_size")
     return Finding(OK, FAMILY, f"fits: {against}")
 
 
@@ -128,21 +328,3 @@ def size(nbytes: float) -> str:
     if nbytes >= 1 << 20:
         return f"{nbytes / (1 << 20):.1f} MiB"
     return f"{nbytes / 1024:.0f} KiB"
-
-
-def _fit_advice(found: Estimate, config, target: Target, budget: float, policy: str) -> str:
-    """Smaller batch, bfloat16, or sharding the weights (DTensor), with the numbers."""
-    shard = ("shard the weights over several devices with a DTensor mesh (runtime.strategy="
-             "dtensor, runtime.mesh=batch:N,model:M; docs/dtensor.md)")
-    if found.state_bytes >= budget:
-        return (f"the weights and optimizer state alone take {size(found.state_bytes)}: "
-                f"{shard}, or a generation with more HBM per {target.replica_word}")
-    fits = int((budget - found.state_bytes) // max(found.bytes_per_example, 1))
-    fits -= fits % 8 if fits >= 8 else 0
-    options = [f"data.batch_size <= {max(fits, 1) * target.replicas} ({max(fits, 1)} per "
-               f"{target.replica_word})"]
-    if not policy.startswith("mixed_"):
-        options.append("runtime.mixed_precision=mixed_bfloat16 (halves the activations)")
-    if config.train.grad_accum_steps == 1:
-        options.append("the same global batch with train.grad_accum_steps=k and data.batch_size/k")
-    return "; ".join(options + [shard])

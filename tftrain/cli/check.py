@@ -8,13 +8,20 @@ run would use it: TPU; GPU unless runtime.jit_compile=false). One line per findi
 advice, error: what, where, the fix), then a summary; exit code 1 when anything would fail.
 The data checks need the converted dataset; the check never
 converts (pass --params_override=data.dir=<a local copy> to check a gs:// config here).
+The memory line is a plan of one device's bytes by part (weights, compute copies, gradients,
+optimizer state, activations with and without recomputation) against that device's memory
+(--tpu_type's HBM, --gpu_type's memory, this host's RAM for cpu), for every backend (replicas,
+DTensor layouts, sharded optimizer state); when it does not fit, the cheapest changes that
+would, each with its planned bytes. --json=PATH writes the findings and the plan as JSON.
 Example: tftrain check --config=digits_tpu --params_override=data.dir=data/digits --target=tpu
          --tpu_type=v4 --tpu_cores=4
+         tftrain check --config=lm_1b --target=gpu --gpu_type=h100-80gb --replicas=8 --json=plan.json
 """
 from absl import flags
 
 from tftrain import quiet_start
 from tftrain.cli.common import use_flags
+from tftrain.rules import hardware
 
 FLAGS = flags.FLAGS
 use_flags(__name__, "config", "params_override", "model_dir", "tpu")
@@ -27,6 +34,10 @@ flags.DEFINE_integer("tpu_cores", 8, "--target=tpu: the TPUStrategy replicas, i.
 flags.DEFINE_enum("tpu_type", "v5e", ["v2", "v3", "v4", "v5e", "v5p", "v6e"],
                   "--target=tpu: the TPU generation, for the memory per core (HBM). Default: from "
                   "TPU_ACCELERATOR_TYPE when it is set, else v5e.")
+flags.DEFINE_enum("gpu_type", None, sorted(hardware.GPUS),
+                  "--target=gpu: the GPU, for the memory per device (default: a100-80gb).")
+flags.DEFINE_string("json", None, "Also write the report (findings and the memory plan) as "
+                    "JSON to this path (local or gs://).")
 flags.DEFINE_integer("replicas", None, "--target=gpu|cpu|multi_worker: the replica count (GPUs, "
                      "or workers x devices); default: 1, the mesh's batch dimension for dtensor, "
                      "runtime.cpu_devices for mirrored, the cluster's workers (runtime.cluster; "
@@ -64,9 +75,16 @@ def _check() -> int:
     from tftrain import check
 
     report = check.run(config, target, FLAGS.model_dir,
-                       config_lib.conversion_allowed(config, FLAGS.params_override))
+                       config_lib.conversion_allowed(config, FLAGS.params_override),
+                       gpu_type=FLAGS.gpu_type or "")
     for line in report.lines():
         print(line)
+    if FLAGS.json:
+        import json
+
+        from tftrain.fileio import write_atomic
+
+        write_atomic(FLAGS.json, json.dumps(report.to_json(), indent=2) + "\n")
     return report.exit_code
 
 
@@ -91,6 +109,8 @@ def make_target(config):
             tpu_type = tpu_type if FLAGS["tpu_type"].present else env_type
             cores = cores if FLAGS["tpu_cores"].present else env_cores
         return Target("tpu", cores, tpu_type, runtime.tpu or "local")
+    if FLAGS["gpu_type"].present and kind != "gpu":
+        raise ConfigError(f"--gpu_type is for --target=gpu, not {kind}")
     if FLAGS["tpu_cores"].present or FLAGS["tpu_type"].present:
         raise ConfigError(f"--tpu_cores and --tpu_type are for --target=tpu, not {kind}; "
                           "give --replicas")

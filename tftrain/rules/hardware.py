@@ -39,6 +39,11 @@ GENERATIONS = {
 }
 _ALIASES = {"v5litepod": "v5e", "v5lite": "v5e"}
 
+# GPUs by name: memory per GPU in GiB, as NVIDIA's datasheets state it (`tftrain check
+# --target=gpu --gpu_type=NAME`).
+GPUS = {"a100-40gb": 40, "a100-80gb": 80, "h100-80gb": 80, "h200-141gb": 141, "l4": 24,
+        "v100-16gb": 16, "v100-32gb": 32, "t4": 16}
+
 
 def replica_word(tpu_type: str) -> str:
     """'core' (v2, v3), 'chip' (v4 on), or 'core' when the generation is unknown."""

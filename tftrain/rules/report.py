@@ -76,6 +76,7 @@ class Report:
 
     target: Target
     findings: list[Finding] = dataclasses.field(default_factory=list)
+    memory: dict | None = None  # the memory plan (`check.memory.Plan.to_json`), when made
 
     def extend(self, findings) -> None:
         """Adds findings (any iterable of Finding)."""
@@ -97,6 +98,14 @@ class Report:
                    "ready" + (" (see the advice above)" if advice else ""))
         return (f"summary: {errors} error{'s' if errors != 1 else ''}, {advice} advice, {ok} ok "
                 f"for {self.target.describe()}: {verdict}")
+
+    def to_json(self) -> dict:
+        """The report as `tftrain check --json` writes it."""
+        return {"target": self.target.describe(), "exit_code": self.exit_code,
+                "summary": self.summary(),
+                "findings": [{"kind": f.status, "family": f.family, "text": f.what,
+                              "fix": f.fix} for f in self.findings],
+                "memory": self.memory}
 
     def lines(self) -> list[str]:
         """Every finding's line, then the summary."""
