@@ -15,7 +15,7 @@ from pipelines import load_pipeline
 from tests.conftest import REPO
 from tests.launch_testutil import Running
 from tests.test_documented_commands import SMALLER
-from tftrain import check, models
+from tftrain import check, models, rules
 from tftrain import config as config_lib
 from tftrain.check import memory
 from tftrain.rules import batch, hardware, input_pipeline, precision, storage
@@ -98,6 +98,19 @@ def test_storage_passes_gcs_everywhere_and_local_paths_that_exist_on_a_tpu_vm():
     copied = storage.check(_config("data.pipeline=csv"), TPU_VM, None)
     assert copied[0].status == ADVICE and "only if you copy it" in copied[0].what
     assert copied[1].status == ADVICE and "deleted with the VM" in copied[1].what
+
+
+def test_missing_embedded_data_is_advice_with_the_convert_command_that_matches(tmp_path):
+    """text and jsonl convert data of their own on first use, like digits: no error; the fix
+    converts with the config's pipeline options (else it would make another dataset)."""
+    config = config_lib.build_config("lm_1b", {}, f"data.dir={tmp_path / 'lm'}")
+    assert "Python's own documentation" in storage.converts_on_first_use(config.data)
+    report = check.Report(Target("cpu", 1))
+    assert rules.read_manifest(config, report) is None
+    (finding,) = report.findings
+    assert finding.status == ADVICE and "holds no dataset yet" in finding.what
+    assert ("--pipeline_options=sequence_length=128,tokenizer=sentencepiece,vocab_size=1024"
+            in finding.fix)
 
 
 # -- precision ------------------------------------------------------------------------------

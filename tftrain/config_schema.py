@@ -273,7 +273,8 @@ def check_divisible(batch_size: int, num_replicas: int) -> None:
         lower = batch_size - batch_size % num_replicas
         raise ConfigError(
             f"data.batch_size ({batch_size}) must be divisible by the number of replicas "
-            f"({num_replicas}); use {lower or num_replicas} or {lower + num_replicas}")
+            f"({num_replicas}); use " + (f"{lower} or {lower + num_replicas}" if lower else
+                                         f"{num_replicas} or a multiple of it"))
 
 def to_dict(config: Config) -> dict:
     """The config as plain nested dicts, ready for YAML."""

@@ -2,9 +2,12 @@
 
 Everything that can be known without the hardware, in one report of one-line findings: the
 rules of `tftrain.rules` (storage, precision, the batch split, the input pipeline's graph),
-then the run built as `train` builds it (`engine.prepare`) on this machine's default strategy
-under the target's policy: one replica's memory against its HBM (`memory`), and the real train
-and eval steps compiled by XLA and run on one real batch (`xla`). It all runs here, on the CPU:
+then the memory plan (`memory`: one device's bytes by part for the config's backend, from the
+model's shapes built in a graph, against the target device's memory, with the changes that
+would fit when it does not), then the run built as `train` builds it (`engine.prepare`) on this
+machine's default strategy under the target's policy, its real train and eval steps compiled by
+XLA and run on one real batch (`xla`), when its state fits half this machine's free memory.
+`Report.to_json` (`--json`) holds the findings and the plan. It all runs here, on the CPU:
 nothing connects to a TPU or needs one. What `train` checks before connecting to a TPU is
 `tftrain.rules.before_connecting`, which runs this whole check in a child process
 (`isolated.main`). This module does not import TensorFlow at import time.
@@ -66,9 +69,9 @@ def _model_checks(config, target: Target, report: Report, gpu_type: str = "") ->
     compiled, how = xla.uses_xla(config, target)
     try:
         shapes = _shapes(config)
-    except bad_input() as e:
+        found = memory.plan(shapes, config, target, policy, gpu_type)
+    except bad_input() as e:  # a model that does not build, layout rules that do not fit it
         return [failure("model", f"building model.name={config.model.name}", e)]
-    found = memory.plan(shapes, config, target, policy, gpu_type)
     if found.device_bytes and found.bytes_per_device > memory.TIGHT * found.device_bytes:
         found.suggestions = memory.suggest(shapes, config, target, policy, found, gpu_type)
     report.memory = found.to_json()

@@ -24,7 +24,7 @@ from tftrain.cli.common import use_flags
 from tftrain.rules import hardware
 
 FLAGS = flags.FLAGS
-use_flags(__name__, "config", "params_override", "model_dir", "tpu")
+use_flags(__name__, "config", "params_override", "model_dir", "tpu", "json")
 flags.DEFINE_enum("target", None, ["tpu", "gpu", "cpu", "multi_worker"],
                   "Where the run would go (default: from runtime.strategy and runtime.tpu: tpu, "
                   "multi_worker for multi_worker_mirrored, else cpu).")
@@ -36,8 +36,6 @@ flags.DEFINE_enum("tpu_type", "v5e", ["v2", "v3", "v4", "v5e", "v5p", "v6e"],
                   "TPU_ACCELERATOR_TYPE when it is set, else v5e.")
 flags.DEFINE_enum("gpu_type", None, sorted(hardware.GPUS),
                   "--target=gpu: the GPU, for the memory per device (default: a100-80gb).")
-flags.DEFINE_string("json", None, "Also write the report (findings and the memory plan) as "
-                    "JSON to this path (local or gs://).")
 flags.DEFINE_integer("replicas", None, "--target=gpu|cpu|multi_worker: the replica count (GPUs, "
                      "or workers x devices); default: 1, the mesh's batch dimension for dtensor, "
                      "runtime.cpu_devices for mirrored, the cluster's workers (runtime.cluster; "

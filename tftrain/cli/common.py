@@ -52,6 +52,9 @@ _DEFINITIONS = {
         "layer), which then runs in this process: only for models you trust."),
     "overwrite": lambda: flags.DEFINE_bool(
         "overwrite", False, "Replace existing finished output instead of refusing."),
+    "json": lambda: flags.DEFINE_string(
+        "json", None, "Also write the report as JSON to this path (local or gs://): doctor its "
+        "numbers, check its findings and memory plan."),
 }
 
 

@@ -17,10 +17,9 @@ from tftrain.cli.common import use_flags
 from tftrain.doctor import DEFAULT_STEPS
 
 FLAGS = flags.FLAGS
-use_flags(__name__, "config", "params_override")
+use_flags(__name__, "config", "params_override", "json")
 flags.DEFINE_integer("steps", DEFAULT_STEPS, "Timed steps per measurement (each also has a "
                      "warm-up).", lower_bound=1)
-flags.DEFINE_string("json", None, "Also write the numbers to this JSON file (gs:// works).")
 
 
 def main(argv):

@@ -92,6 +92,13 @@ def failure(family: str, what: str, error: BaseException) -> Finding:
                    "fix it: `tftrain train` would stop there too")
 
 
+def _options_flag(data) -> str:
+    """` --pipeline_options=k=v,...` for the config's pipeline options ('' when none)."""
+    if not data.pipeline_options:
+        return ""
+    return " --pipeline_options=" + ",".join(f"{k}={v}" for k, v in data.pipeline_options.items())
+
+
 def read_manifest(config, report: Report, convert_data: bool = True) -> dict | None:
     """The dataset's manifest, with a `data` finding; None (and why) when it cannot be read.
 
@@ -132,7 +139,8 @@ def read_manifest(config, report: Report, convert_data: bool = True) -> dict | N
             report.extend([Finding(ADVICE, "data", f"data.dir={data.dir} holds no dataset yet "
                                    f"(for train it is {how}); {skipped}",
                                    f"`tftrain convert --pipeline={data.pipeline} "
-                                   f"--output={data.dir}` first, or {local_copy}")])
+                                   f"--output={data.dir}{_options_flag(data)}` first, or "
+                                   f"{local_copy}")])
         else:
             report.extend([Finding(ERROR, "data", f"data.dir={data.dir} holds no dataset "
                                    "(no dataset.json) and nothing to convert it from (data.source "

@@ -35,9 +35,16 @@ def converts_on_first_use(data, convert_data: bool = True) -> str:
         return ""
     if data.source:
         return f"converted on first use from data.source={data.source}"
-    if data.pipeline == "digits":
-        return "converted on first use, from the digits data that ships with scikit-learn"
+    if data.pipeline in EMBEDDED_DATA:
+        return f"converted on first use, from {EMBEDDED_DATA[data.pipeline]}"
     return ""
+
+
+# Pipelines that convert data of their own when data.source is empty (no network).
+EMBEDDED_DATA = {"digits": "the digits data that ships with scikit-learn",
+                 "diabetes": "the diabetes data that ships with scikit-learn",
+                 "text": "Python's own documentation (pydoc_data.topics)",
+                 "jsonl": "the names of Unicode characters (Python's unicodedata)"}
 
 
 def _not_local(key: str, path: str, able: str) -> Finding | None:

@@ -299,7 +299,7 @@ def memory_report(weights: Iterable[Weight], plan: dict[str, tuple], mesh: dict[
         weights_per_device += -(-nbytes // pieces)
         one += nbytes
         for shape in slot_shapes(optimizer, weight.shape) if weight.trainable else ():
-            slot_bytes = _elements(shape) * weight.itemsize
+            slot_bytes = elements(shape) * weight.itemsize
             one += slot_bytes
             state_per_device += -(-slot_bytes // shards(
                 slot_spec(spec, shape, mesh, shard_state), mesh))
@@ -317,7 +317,8 @@ def memory_report(weights: Iterable[Weight], plan: dict[str, tuple], mesh: dict[
             "sharded_params": sharded, "replicated_params": replicated}
 
 
-def _elements(shape: tuple) -> int:
+def elements(shape: tuple) -> int:
+    """Number of elements of `shape`."""
     count = 1
     for dim in shape:
         count *= int(dim)
