@@ -17,11 +17,11 @@ from tftrain.errors import DataError, TftrainError
 N = 3000
 
 
-def start_conversion(output, *extra):
+def start_conversion(output, *extra, sleep_ms=3):
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.Popen(
         [PYTHON, "-c", "from tftrain.cli import run; run()", "convert",
-         "--pipeline=tests.test_convert", f"--pipeline_options=n={N},sleep_ms=3",
+         "--pipeline=tests.test_convert", f"--pipeline_options=n={N},sleep_ms={sleep_ms}",
          f"--output={output}", "--num_shards=4", *extra],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
@@ -86,7 +86,8 @@ def test_kill_9_mid_write_then_rerun(tmp_path):
 
 def test_ctrl_c_stops_cleanly(tmp_path):
     output = str(tmp_path / "out")
-    process = start_conversion(output, "--workers=1")
+    # Slow rows (a minute in all) so that a loaded machine cannot finish before the signal lands.
+    process = start_conversion(output, "--workers=1", sleep_ms=20)
     wait_for_shard_files(output, process)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=60)

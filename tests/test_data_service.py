@@ -30,7 +30,7 @@ def service(tmp_path_factory):
         yield f"127.0.0.1:{port}", dispatcher, worker
         for server in (worker, dispatcher):
             server.process.send_signal(signal.SIGINT)
-            assert server.wait(60) == 130
+            assert server.wait(START) == 130, server.tail()
     finally:
         for server in (worker, dispatcher):
             if server:
