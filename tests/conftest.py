@@ -37,6 +37,17 @@ def digits_dir(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="session")
+def text_dir(tmp_path_factory):
+    """The embedded text converted once per test process as `tftrain train --config=text_lm`
+    converts it (read-only for tests)."""
+    from tests.pipeline_testutil import convert
+
+    path = tmp_path_factory.mktemp("text") / "text_lm"
+    convert("text", "", path, num_shards=None, workers=1, sequence_length=64)
+    return path
+
+
 def run_cli(*args):
     """Runs `tftrain <args>` in-process; returns its exit code."""
     from tftrain.cli import run

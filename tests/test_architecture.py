@@ -138,13 +138,16 @@ def test_no_function_over_80_lines():
     assert long == [], long
 
 
-def test_both_backends_implement_the_protocol():
+def test_every_backend_implements_the_protocol():
     from tftrain.engine import backends
 
     wanted = {name for name, value in vars(backends.Backend).items()
               if inspect.isfunction(value) and not name.startswith("_")}
     assert {"set_up", "training_data", "build", "summary"} <= wanted
-    for backend in (backends.StrategyBackend, backends.DTensorBackend):
+    from tftrain.engine import pipeline_backend
+
+    for backend in (backends.StrategyBackend, backends.DTensorBackend,
+                    pipeline_backend.PipelineBackend):
         for name in wanted:
             method = getattr(backend, name, None)
             assert callable(method), f"{backend.__name__} has no {name}"

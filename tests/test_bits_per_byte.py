@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import run_cli
-from tests.pipeline_testutil import convert, load_all
+from tests.pipeline_testutil import load_all
 from tftrain import config as config_lib
 from tftrain.callbacks import curves
 from tftrain.tasks.language_model import LanguageModelTask
@@ -19,12 +19,6 @@ from tftrain.tasks.language_model import LanguageModelTask
 STEPS = "train.epochs=1,train.steps_per_epoch=20"
 
 
-@pytest.fixture(scope="module")
-def text_dir(tmp_path_factory):
-    """The embedded default converted as `tftrain train --config=text_lm` converts it."""
-    path = tmp_path_factory.mktemp("text") / "text_lm"
-    convert("text", "", path, num_shards=None, workers=1, sequence_length=64)
-    return path
 
 
 def train_run(text_dir, run, overrides: str = ""):

@@ -90,7 +90,10 @@ def test_ctrl_c_stops_cleanly(tmp_path):
     process = start_conversion(output, "--workers=1", sleep_ms=20)
     wait_for_shard_files(output, process)
     process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=60)
+    try:
+        _, err = process.communicate(timeout=180)
+    finally:
+        process.kill()
     assert process.returncode == 130, err
     assert "interrupted" in err
     assert_not_a_dataset(output)

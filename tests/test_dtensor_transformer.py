@@ -14,7 +14,6 @@ import subprocess
 import pytest
 
 from tests.conftest import PYTHON, REPO
-from tests.pipeline_testutil import convert
 from tests.test_language_model import unigram_perplexity
 from tftrain.errors import ConfigError
 from tftrain.runtime import dtensor_layouts as layouts
@@ -28,12 +27,6 @@ def _env():
     return {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
 
-@pytest.fixture(scope="module")
-def text_dir(tmp_path_factory):
-    """The embedded default converted as `tftrain train --config=text_lm` converts it."""
-    path = tmp_path_factory.mktemp("text") / "text_lm"
-    convert("text", "", path, num_shards=None, workers=1, sequence_length=64)
-    return path
 
 
 def lm_weights(vocab_size: int, width: int = 64, heads: int = 4, mlp: int = 256, num_layers=2):

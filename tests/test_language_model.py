@@ -22,12 +22,6 @@ from tftrain.engine import train
 from tftrain.errors import DataError
 
 
-@pytest.fixture(scope="module")
-def text_dir(tmp_path_factory):
-    """The embedded default converted as `tftrain train --config=text_lm` converts it."""
-    path = tmp_path_factory.mktemp("text") / "text_lm"
-    convert("text", "", path, num_shards=None, workers=1, sequence_length=64)
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -221,9 +221,32 @@ def validate(config: Config) -> None:
                           "(and runtime.mesh with batch:N, N > 1)")
     if config.runtime.strategy == "dtensor":
         dtensor_layouts.check_config(config)
+    check_pipeline(config.runtime, config.data.batch_size)
     if not config.data.dir:
         raise ConfigError("data.dir is empty: name the dataset directory")
     models.check_model(config.model.name, config.model.params)
+
+
+def check_pipeline(runtime, batch_size: int) -> None:
+    """The pipeline keys: at least two stages, a batch that splits into the micro-batches, no
+    whole-step XLA (it would put every stage on one device)."""
+    if runtime.strategy != "pipeline":
+        if runtime.stage_rules:
+            raise ConfigError(f"runtime.stage_rules={runtime.stage_rules!r} cuts a model into "
+                              "pipeline stages: it needs runtime.strategy=pipeline")
+        return
+    if runtime.pipeline_stages < 2:
+        raise ConfigError("runtime.pipeline_stages must be >= 2 for runtime.strategy=pipeline, got "
+                          f"{runtime.pipeline_stages} (one stage is runtime.strategy=one_device)")
+    if runtime.microbatches < 1:
+        raise ConfigError(f"runtime.microbatches must be >= 1, got {runtime.microbatches}")
+    if batch_size % runtime.microbatches:
+        raise ConfigError(f"data.batch_size={batch_size} must split into runtime.microbatches="
+                          f"{runtime.microbatches} equal micro-batches: make it a multiple")
+    if runtime.jit_compile == "true":
+        raise ConfigError("runtime.jit_compile=true compiles a whole step for one device, and "
+                          "runtime.strategy=pipeline places each stage on its own: use "
+                          "jit_compile=auto or false")
 
 
 def check_task(config: Config) -> None:

@@ -16,7 +16,7 @@ import yaml
 
 from tftrain.errors import ConfigError
 
-STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu", "dtensor")
+STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu", "dtensor", "pipeline")
 # runtime.cluster: where the multi-worker cluster is described (tftrain/runtime/cluster.py)
 CLUSTERS = ("auto", "tf_config", "slurm", "kubernetes")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
@@ -142,6 +142,12 @@ class RuntimeConfig:
     # strategy=dtensor: optimizer slots sharded over the mesh's batch dimension (ZeRO-1): each
     # data-parallel replica keeps and updates 1/batch of them; the weights stay whole per replica
     shard_optimizer_state: bool = False
+    # strategy=pipeline (docs/pipeline.md): the model's layers cut into this many stages, one
+    # device each; each step's batch split into `microbatches` (GPipe); `stage_rules`: the layers
+    # after which to cut, comma-separated ("" cuts where parameter bytes balance)
+    pipeline_stages: int = 2
+    microbatches: int = 4
+    stage_rules: str = ""
     tpu_timeout: int = 60  # seconds to connect to and initialize the TPU before giving up
     jit_compile: str = "auto"  # XLA-compile the steps: true | false | auto (GPUs; TPUs always do)
     # Multi-worker cluster: auto (TF_CONFIG if set, else SLURM inside a multi-task srun step,

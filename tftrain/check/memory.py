@@ -21,8 +21,13 @@ Per device (a TPU core or chip, a GPU, this host for `cpu`), the device that hol
 Weights and optimizer state are exact: they are what `engine.run_memory` measures on a real
 run (tested). Activations are an estimate: XLA fuses some away and adds workspace, a TPU pads
 the two minor dimensions of a tensor to 8 and 128, and under DTensor the activations that the
-Megatron rules split over `model` are counted whole (an upper bound). A pipeline of stages
-(not built yet) would divide the weights' part by the stages: `_layout` is the seam.
+Megatron rules split over `model` are counted whole (an upper bound).
+
+Pipeline stages (`runtime.strategy=pipeline`) are planned one by one, cut as training cuts them
+(`pipeline_stages.plan`): each stage's weights, gradients and optimizer state, and the
+activations of its own layers for the whole batch (GPipe keeps every micro-batch's until its
+backward pass); the device is the stage that needs the most. With recomputation the cuts are
+the plain model's (a recomputed model is cut between blocks only: close, not equal).
 
 The model is built for its shapes only (in a `tf.Graph`, where variables take no memory), so
 a config of billions of parameters plans in seconds. When it does not fit, `suggest` re-plans
@@ -54,10 +59,20 @@ class ModelShapes:
     per_example: int  # every layer's outputs (+ attention's insides), one example
     per_example_recomputed: int  # the same with each block recomputed in the backward pass
     unknown_layers: tuple = ()  # layers whose output size is not known (not counted)
+    stages: tuple = ()  # StageShapes per pipeline stage (runtime.strategy=pipeline)
 
     @property
     def parameters(self) -> int:
         return sum(w.size for w in self.weights)
+
+
+@dataclasses.dataclass(frozen=True)
+class StageShapes:
+    """One pipeline stage: the paths of its weights and what one example keeps in it."""
+
+    paths: frozenset
+    per_example: int
+    per_example_recomputed: int
 
 
 @dataclasses.dataclass
@@ -72,6 +87,7 @@ class Plan:
     activations_without_remat: int
     remat: bool
     suggestions: list = dataclasses.field(default_factory=list)
+    stages: list = dataclasses.field(default_factory=list)  # per stage: its parts (pipeline)
 
     @property
     def bytes_per_device(self) -> int:
@@ -88,7 +104,8 @@ class Plan:
                 "parts": {**self.parts,
                           "activations_without_remat": self.activations_without_remat},
                 "remat": self.remat, "bytes_per_device": self.bytes_per_device,
-                "fits": self.fits, "suggestions": self.suggestions}
+                "fits": self.fits, "suggestions": self.suggestions,
+                **({"stages": self.stages} if self.stages else {})}
 
 
 def shapes_of(config, build) -> ModelShapes:
@@ -103,13 +120,31 @@ def shapes_of(config, build) -> ModelShapes:
                       if config.model.params.get("remat") else config.model.params)
         weights = tuple(dtensor.weights_of(model))
         per_example, recomputed, unknown = _activation_elements(model)
-    return ModelShapes(weights, per_example, recomputed, tuple(unknown))
+        stages = _stage_shapes(model, config) if config.runtime.strategy == "pipeline" else ()
+    return ModelShapes(weights, per_example, recomputed, tuple(unknown), stages)
 
 
-def _activation_elements(model) -> tuple[int, int, list]:
-    """(all, with recomputation, unknown layers) per example: outputs and attention insides."""
+def _stage_shapes(model, config) -> tuple:
+    """The model cut into stages as training cuts it, and each stage's shapes."""
+    from tftrain.runtime import dtensor, pipeline_stages
+
+    owner = {id(v): layer.name for layer in model.layers for v in layer.weights}
+    paths = {path: owner[id(v)] for path, v in dtensor.named_variables(model).items()}
+    result = []
+    for stage in pipeline_stages.plan(model, config.runtime.pipeline_stages,
+                                      config.runtime.stage_rules):
+        layers = set(stage.layers)
+        per_example, recomputed, _ = _activation_elements(model, layers)
+        result.append(StageShapes(frozenset(p for p, name in paths.items() if name in layers),
+                                  per_example, recomputed))
+    return tuple(result)
+
+
+def _activation_elements(model, only: set | None = None) -> tuple[int, int, list]:
+    """(all, with recomputation, unknown layers) per example: outputs and attention insides
+    (of the layers named in `only`, when given)."""
     nodes = [(depth, node) for depth, group in getattr(model, "_nodes_by_depth", {}).items()
-             for node in group]
+             for node in group if only is None or node.layer.name in only]
     total, outside, unknown = 0, 0, []
     blocks: dict[int, list] = {}
     for depth, node in nodes:
@@ -184,13 +219,41 @@ DEFAULT_GPU = "a100-80gb"
 
 def plan(shapes: ModelShapes, config, target: Target, policy: str,
          gpu_type: str = "") -> Plan:
-    """One device's bytes for `config` on `target` (suggestions empty: see `suggest`)."""
-    from tftrain.training.optimizers import slot_shapes
-
+    """One device's bytes for `config` on `target` (suggestions empty: see `suggest`); for a
+    pipeline, the stage that needs the most (each stage's parts in `stages`)."""
     specs, dims, replicas, devices = _layout(shapes, config, target)
     mixed = policy.startswith("mixed_")
+    remat = bool(config.model.params.get("remat"))
+    name = (f"a {target.tpu_type or 'TPU'} {target.replica_word}" if target.kind == "tpu" else
+            f"a {gpu_type or DEFAULT_GPU} GPU" if target.kind == "gpu" else "this host's memory")
+    if shapes.stages:  # every micro-batch of the step is kept by each stage until its backward
+        micro, element = config.data.batch_size, (2 if mixed else 4) * 2 * config.data.batch_size
+        stages = []
+        for stage in shapes.stages:
+            parts = _weight_parts([w for w in shapes.weights if w.path in stage.paths], specs,
+                                  dims, config, mixed)
+            parts["activations"] = element * (stage.per_example_recomputed if remat
+                                              else stage.per_example)
+            stages.append(parts)
+        parts = max(stages, key=lambda p: sum(p.values()))
+        without = element * max(stage.per_example for stage in shapes.stages)
+        return Plan(name, device_bytes(target, gpu_type), devices, micro, parts, without, remat,
+                    stages=[{**p, "bytes": sum(p.values())} for p in stages])
+    parts = _weight_parts(shapes.weights, specs, dims, config, mixed)
+    micro = max(config.data.batch_size // replicas, 1)
+    element = (2 if mixed else 4) * 2 * micro
+    parts["activations"] = element * (shapes.per_example_recomputed if remat
+                                      else shapes.per_example)
+    return Plan(name, device_bytes(target, gpu_type), devices, micro, parts,
+                element * shapes.per_example, remat)
+
+
+def _weight_parts(weights, specs: dict, dims: dict, config, mixed: bool) -> dict:
+    """Weights, compute copies, gradients and optimizer state of `weights` on one device."""
+    from tftrain.training.optimizers import slot_shapes
+
     parts = dict.fromkeys(PARTS, 0)
-    for weight in shapes.weights:
+    for weight in weights:
         spec = specs.get(weight.path)
         pieces = dtensor_layouts.shards(spec, dims)
         parts["weights"] += -(-weight.size * weight.itemsize // pieces)
@@ -203,15 +266,7 @@ def plan(shapes: ModelShapes, config, target: Target, policy: str,
             slot = dtensor_layouts.slot_spec(spec, shape, dims, config.runtime.shard_optimizer_state)
             nbytes = dtensor_layouts.elements(shape) * weight.itemsize
             parts["optimizer_state"] += -(-nbytes // dtensor_layouts.shards(slot, dims))
-    micro = max(config.data.batch_size // replicas, 1)
-    remat = bool(config.model.params.get("remat"))
-    element = (2 if mixed else 4) * 2 * micro
-    parts["activations"] = element * (shapes.per_example_recomputed if remat
-                                      else shapes.per_example)
-    name = (f"a {target.tpu_type or 'TPU'} {target.replica_word}" if target.kind == "tpu" else
-            f"a {gpu_type or DEFAULT_GPU} GPU" if target.kind == "gpu" else "this host's memory")
-    return Plan(name, device_bytes(target, gpu_type), devices, micro, parts,
-                element * shapes.per_example, remat)
+    return parts
 
 
 def _layout(shapes: ModelShapes, config, target: Target) -> tuple[dict, dict, int, int]:
@@ -221,6 +276,8 @@ def _layout(shapes: ModelShapes, config, target: Target) -> tuple[dict, dict, in
         rules = dtensor_layouts.make_rules(config.model.name, config.runtime.layout_rules, dims)
         specs = dtensor_layouts.resolve(shapes.weights, rules, dims)
         return specs, dims, dims[dtensor_layouts.BATCH], dtensor_layouts.mesh_size(dims)
+    if config.runtime.strategy == "pipeline":
+        return {}, {}, 1, config.runtime.pipeline_stages
     return {}, {}, target.replicas, target.replicas
 
 
@@ -280,6 +337,9 @@ def _changes(config, devices: int) -> list[str]:
         if not dtensor and batch % k == 0 and batch // k >= 1:
             changes.append(f"data.batch_size={batch // k},train.grad_accum_steps="
                            f"{train.grad_accum_steps * k}")
+    if runtime.strategy == "pipeline":  # more stages (devices), each holding less of the model
+        changes += [f"runtime.pipeline_stages={runtime.pipeline_stages * k}" for k in (2, 4)]
+        return changes
     current = (dtensor_layouts.parse_mesh(runtime.mesh)[dtensor_layouts.MODEL]
                if dtensor else 1)
     for model in (m for m in (2, 4, 8, 16) if current < m <= devices and devices % m == 0):

@@ -9,6 +9,8 @@ import re
 
 from absl import flags
 
+from tftrain.config_schema import STRATEGIES
+
 FLAGS = flags.FLAGS
 
 _DEFINITIONS = {
@@ -26,8 +28,8 @@ _DEFINITIONS = {
         "summary.json). gs:// works."),
     "strategy": lambda: flags.DEFINE_enum(
         "strategy", None,
-        ["auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu", "dtensor"],
-        "Distribution strategy (runtime.strategy)."),
+        list(STRATEGIES), "Distribution strategy (runtime.strategy); pipeline: the model's "
+        "layers in stages across devices (runtime.pipeline_stages, runtime.microbatches)."),
     "tpu": lambda: flags.DEFINE_string(
         "tpu", None, "TPU to use with --strategy=tpu: local, a TPU name or grpc://host:port "
         "(runtime.tpu)."),

@@ -23,6 +23,7 @@ listen on all interfaces: run them on a private network only.
 """
 from __future__ import annotations
 
+import threading
 import time
 
 import tensorflow as tf
@@ -92,8 +93,18 @@ def serve(servers: list, poll_seconds: float = 0.5) -> None:
                 last = state
             time.sleep(poll_seconds)
     finally:
-        for server in servers:
-            server._stop()
+        _stop(servers)
+
+
+def _stop(servers: list, timeout: float = 10.0) -> None:
+    """Stops `servers`, waiting at most `timeout` seconds: a worker's stop waits for its running
+    tasks, which a trainer that went away leaves running until the dispatcher drops its job."""
+    stopping = threading.Thread(target=lambda: [server._stop() for server in servers],
+                                daemon=True)
+    stopping.start()
+    stopping.join(timeout)
+    if stopping.is_alive():
+        logging.warning("tf.data service: stopped without waiting for its running tasks")
 
 
 def _workload(server) -> str:

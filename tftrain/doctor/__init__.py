@@ -18,11 +18,11 @@ DEFAULT_STEPS = 100  # timed steps per measurement and round: well under a minut
 def run(config, steps: int = DEFAULT_STEPS, convert_data: bool = True) -> dict:
     """Measures the configured run; returns the result as a JSON-ready dict (see `report`)."""
     from tftrain.doctor import advice, measure, stages as stages_lib
-    from tftrain.engine import backends, prepare
+    from tftrain.engine import backend_choice, prepare
 
     # 1-2. The run `train` would start, built the same way (backend first: no TensorFlow op
     #      may run before it), on every backend. Nothing is written into its model_dir.
-    backend = backends.create(config)
+    backend = backend_choice.create(config)
     run_ = prepare.prepare(config, backend, convert_data=convert_data)
     config, examples = run_.config, run_.examples_per_step
     split_examples = run_.dataset.examples(config.data.train_split)

@@ -1,4 +1,5 @@
-"""Where the run's model lives and trains: a `tf.distribute` strategy or a DTensor mesh.
+"""Where the run's model lives and trains: a `tf.distribute` strategy or a DTensor mesh (and,
+in `engine.pipeline_backend`, pipeline stages; `engine.backend_choice` picks one).
 
 `tftrain.engine.train.run` tells one story for both; what differs is asked of the backend, and
 only the backend knows which one it is:
@@ -32,8 +33,8 @@ from tftrain.runtime import cluster, distribute, tpu
 class Backend(Protocol):
     """Where a run's model lives and trains: what `engine.train`, `doctor` and `check` ask of it.
 
-    A third backend is one module with a class that has these attributes and methods, and a
-    branch in `create`.
+    A backend is a class with these attributes and methods, and a branch in
+    `backend_choice.create` (the pipeline's is its own module, `engine.pipeline_backend`).
     """
 
     name: str  # summary.json's `strategy`
@@ -71,13 +72,6 @@ class Backend(Protocol):
 
     def summary(self, trainer) -> dict:
         """The backend's part of `summary.json`."""
-
-
-def create(config: config_lib.Config) -> Backend:
-    """The backend of `runtime.strategy`, built before any other TensorFlow op runs."""
-    if config.runtime.strategy == "dtensor":
-        return DTensorBackend(config)
-    return StrategyBackend(config)
 
 
 def input_shape(data: config_lib.DataConfig):

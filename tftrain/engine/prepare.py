@@ -54,7 +54,7 @@ def prepare(config: config_lib.Config, backend: Backend, *, convert_data: bool =
     """Resolves the task, sets up the backend, finds (or converts) the dataset, plans the
     steps, and builds and compiles the model inside the backend.
 
-    `backend` comes first (`backends.create`: no TensorFlow op may run before it). `on_config`
+    `backend` comes first (`backend_choice.create`: no TensorFlow op may run before it). `on_config`
     receives the resolved config as soon as it is known, and again if converting the dataset
     resolved more of it (`train` writes it to params.yaml). `convert_data=False` forbids
     converting the config's embedded data into a missing dataset (see `ensure_dataset`).

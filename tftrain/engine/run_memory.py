@@ -3,7 +3,7 @@
 summary.json records it for every run (`parameters`, `memory`), and `tftrain check`'s plan is
 validated against it: the planned bytes of the weights and of the optimizer state must be these.
 Per device means the largest share of any device: the whole variable for a tf.distribute
-replica (each holds a copy), its shard for a DTensor variable split over mesh dimensions (the
+replica (each holds a copy), a pipeline stage's variables on its device, its shard for a DTensor variable split over mesh dimensions (the
 bytes divided by the product of the dimensions its layout names, rounded up). The optimizer's
 state is every optimizer variable but its step counter (`iterations`).
 """
@@ -25,13 +25,20 @@ def _shards(variable) -> int:
     return math.prod(sizes[name] for name in layout.sharding_specs if name in sizes)
 
 
-def bytes_per_device(variables) -> int:
-    """The bytes of `variables` on the device that holds the most of them."""
-    total = 0
+def bytes_by_device(variables) -> dict[str, int]:
+    """The bytes of `variables` on each device that holds some (a pipeline stage's variables
+    live on its own device; a mirrored or DTensor variable counts on its first device)."""
+    totals: dict[str, int] = {}
     for variable in variables:
         nbytes = int(np.prod(variable.shape, dtype=np.int64)) * variable.dtype.size
-        total += -(-nbytes // _shards(variable))
-    return total
+        device = str(getattr(variable, "device", "") or "")
+        totals[device] = totals.get(device, 0) + -(-nbytes // _shards(variable))
+    return totals
+
+
+def bytes_per_device(variables) -> int:
+    """The bytes of `variables` on the device that holds the most of them."""
+    return max(bytes_by_device(variables).values(), default=0)
 
 
 def optimizer_state(optimizer) -> list:

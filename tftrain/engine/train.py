@@ -1,7 +1,8 @@
 """`tftrain train`: config -> backend -> data -> task and model -> fit -> evaluate -> export.
 
 Read top to bottom, `run()` is the whole story of one run, the same for every backend: a
-tf.distribute strategy or a DTensor mesh (`engine.backends`, the only place that knows which).
+tf.distribute strategy, a DTensor mesh or pipeline stages (`engine.backends`,
+`engine.pipeline_backend`; `engine.backend_choice` is the only place that knows which).
 Cross-cutting concerns live in Keras callbacks (`tftrain/callbacks/`, one per file) and small
 modules: `optimizers` (optimizers and schedules), `grad_accum`, `precision`, `data.reader`,
 `run_dir`; the task (`tftrain.tasks`) decides the head, loss, metrics and what is monitored.
@@ -19,7 +20,7 @@ import tf_keras as keras
 
 from tftrain import config as config_lib
 from tftrain import rules, run_dir, tasks
-from tftrain.engine import backends, hparams, run_memory
+from tftrain.engine import backend_choice, hparams, run_memory
 from tftrain.engine.prepare import prepare
 from tftrain.data import passes
 from tftrain.training import optimizers
@@ -63,7 +64,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     #    may run before it is built. A TPU run that would fail stops before it connects to (and
     #    pays for) the TPU (tpu.check_ready checks the rest after connecting).
     rules.before_connecting(config, model_dir, convert_data)  # no-op for other strategies
-    backend = backends.create(config)
+    backend = backend_choice.create(config)
 
     # 2-3. The run, built as `doctor` and `check` build it: the task (from the dataset's
     #    labels unless task.type says), seeds and precision, the dataset (converted the first

@@ -37,8 +37,8 @@ def create_strategy(runtime: RuntimeConfig) -> tf.distribute.Strategy:
         configure_cpu_devices(runtime.cpu_devices)
     cluster.use(runtime.cluster)  # num_workers()/is_chief() now describe this strategy's cluster
     name = runtime.strategy
-    if name == "dtensor":  # a DTensor run exports an ordinary model: prune/quantize it as `auto`
-        logging.info("runtime.strategy=dtensor is not a tf.distribute strategy: using auto here")
+    if name in ("dtensor", "pipeline"):  # these runs export an ordinary model: prune it as `auto`
+        logging.info("runtime.strategy=%s is not a tf.distribute strategy: using auto here", name)
         name = "auto"
     if name == "auto":
         if runtime.tpu:

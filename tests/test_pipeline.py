@@ -1,0 +1,360 @@
+"""runtime.strategy=pipeline: a model's layers cut into stages on 2 virtual CPU devices (the
+test process has 2, see conftest), trained GPipe-style with micro-batches.
+
+Cuts (where one activation alone crosses), placement (every stage's variables, optimizer
+slots and gradient ops on its device), N SGD steps equal to one device's within 1e-5 for
+transformer_lm and resnet, gradient accumulation and mixed precision; the runs through the CLI
+(text_lm on 2 stages against the unigram bar, ResNet on digits against one device, SIGKILL and
+resume equal to an uninterrupted run) are at the end.
+"""
+import json
+import math
+import signal
+import subprocess
+
+import numpy as np
+import pytest
+
+from tests.conftest import REPO
+from tftrain.errors import ConfigError
+
+DEVICES = ["/device:CPU:0", "/device:CPU:1"]
+
+
+def lm(num_layers=2, **params):
+    from tftrain import models
+
+    return models.build_model("transformer_lm", {"num_layers": num_layers, **params}, (16,), 50,
+                              {"vocab_size": 50, "sequence_length": 16})
+
+
+def image_model(name, **params):
+    from tftrain import models
+
+    return models.build_model(name, params, (8, 8, 1), 10)
+
+
+def lm_batch(size=8, seed=0):
+    rng = np.random.default_rng(seed)
+    return (rng.integers(1, 50, (size, 16)).astype("int32"),
+            rng.integers(1, 50, (size, 16)).astype("int32"))
+
+
+def image_batch(size=8, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.random((size, 8, 8, 1)).astype("float32"), rng.integers(0, 10, (size,))
+
+
+def pipelined(model, microbatches, groups=1, optimizer=None, stages=2):
+    """`model` cut into `stages`, built on the test devices, compiled like a run compiles it."""
+    import tf_keras as keras
+
+    from tftrain.runtime import pipeline_model, pipeline_stages
+
+    plan = pipeline_stages.plan(model, stages)
+    built = pipeline_stages.build(model, plan, DEVICES[:stages])
+    trainer = pipeline_model.PipelineModel(built, DEVICES[:stages], microbatches, groups)
+    trainer.compile(optimizer=optimizer or keras.optimizers.SGD(0.1),
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    metrics=["accuracy"])
+    return plan, built, trainer
+
+
+def twin(model):
+    """An independent copy of `model` (same layer names and weights), compiled with SGD."""
+    import tf_keras as keras
+
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    return copy
+
+
+def gathered(model, stages):
+    from tftrain.runtime import pipeline_stages
+
+    result = twin(model)
+    pipeline_stages.gather(stages, result)
+    return result
+
+
+def max_difference(a, b) -> float:
+    return max(float(np.abs(x - y).max()) for x, y in zip(a.get_weights(), b.get_weights()))
+
+
+# --- cuts -------------------------------------------------------------------------------
+
+
+def test_transformer_lm_is_cut_where_one_activation_crosses_balanced_by_parameters():
+    from tftrain.runtime import pipeline_stages
+
+    plan = pipeline_stages.plan(lm(num_layers=4), 2)
+    first, second = plan
+    assert first.layers[0] == "inputs" and second.layers[-1] == "logits"
+    assert first.outputs == second.inputs == ("block_1_mlp_residual",)
+    assert abs(first.parameters - second.parameters) < 0.2 * (first.parameters + second.parameters)
+    # Four stages: every stage holds weights and passes one tensor on.
+    four = pipeline_stages.plan(lm(num_layers=4), 4)
+    assert len(four) == 4 and all(s.parameters > 0 for s in four)
+    assert all(len(s.outputs) == 1 for s in four)
+
+
+def test_resnet_cuts_between_residual_blocks_and_rules_name_the_cut():
+    from tftrain.runtime import pipeline_stages
+
+    model = image_model("resnet")
+    plan = pipeline_stages.plan(model, 2)
+    assert type(model.get_layer(plan[0].outputs[0])).__name__ in ("Add", "ReLU")  # a block end
+    inside = next(layer.name for layer in model.layers if type(layer).__name__ == "Conv2D"
+                  and layer.name != model.layers[1].name)
+    with pytest.raises(ConfigError, match=rf"stage_rules names '{inside}', which is not a layer "
+                                          "after which 'resnet' passes one activation; cut after"):
+        pipeline_stages.plan(model, 2, inside)
+    named = pipeline_stages.plan(model, 2, plan[0].outputs[0])
+    assert named == plan
+
+
+def test_the_encoder_passes_its_padding_mask_along_and_small_models_refuse_many_stages():
+    from tftrain import models
+    from tftrain.runtime import pipeline_stages
+
+    encoder = models.build_model("transformer", {"num_layers": 2}, (16,), 3,
+                                 {"vocab_size": 50, "sequence_length": 16})
+    first, second = pipeline_stages.plan(encoder, 2)
+    weighted = [name for name in first.outputs if encoder.get_layer(name).count_params()
+                or name.startswith("block")]
+    assert len(weighted) == 1 and len(first.outputs) > 1  # the activation + weight-free masks
+    with pytest.raises(ConfigError, match=r"model 'mlp' cannot be cut into "
+                                          r"runtime.pipeline_stages=8 stages"):
+        pipeline_stages.plan(image_model("mlp", hidden_units=[8]), 8)
+
+
+@pytest.mark.parametrize("name,params", [("cnn", {}), ("mlp", {}),
+                                         ("application", {"backbone": "MobileNetV2",
+                                                          "backbone_params": {"alpha": 0.35}})])
+def test_every_built_in_image_model_cuts_into_two_stages(name, params):
+    import tensorflow as tf
+
+    from tftrain import models
+    from tftrain.runtime import pipeline_stages
+
+    with tf.Graph().as_default():
+        model = models.build_model(name, params, (32, 32, 3), 10)
+        plan = pipeline_stages.plan(model, 2)
+    assert [s.parameters > 0 for s in plan] == [True, True]
+    assert sum(s.parameters for s in plan) == model.count_params()
+
+
+# --- placement and equality -------------------------------------------------------------
+
+
+def test_variables_slots_and_gradient_ops_live_on_their_stage_device():
+    import tensorflow as tf
+    import tf_keras as keras
+
+    model = lm()
+    _, stages, trainer = pipelined(model, 2, optimizer=keras.optimizers.Adam(1e-3))
+    x, y = lm_batch()
+    trainer.train_on_batch(x, y)
+    device_of = {}
+    for stage, device in zip(stages, DEVICES):
+        for variable in stage.variables:
+            assert variable.device.endswith(device[len("/device:"):]), (variable.name, device)
+            device_of[variable.handle.name if hasattr(variable.handle, "name") else id(variable)] = device
+    slots = {v.name: v.device for v in trainer.optimizer.variables()
+             if v is not trainer.optimizer.iterations}
+    assert slots and all(
+        device.endswith("CPU:0") == any(f"/{layer.name}/" in name for layer in stages[0].layers)
+        for name, device in slots.items()), slots
+    # In the traced step, every op of the backward pass was asked for one stage's device.
+    step = tf.function(trainer.train_step)
+    graph = step.get_concrete_function((tf.constant(x), tf.constant(y))).graph
+    gradient_ops = [op for op in graph.get_operations() if "gradient_tape" in op.name]
+    assert gradient_ops
+    assert {op.device.split("/device:")[-1] for op in gradient_ops} <= {"CPU:0", "CPU:1"}
+    for index, device in enumerate(DEVICES):
+        assert any(op.device.endswith(device[len("/device:"):]) for op in gradient_ops), index
+
+
+def test_transformer_lm_steps_equal_one_device():
+    import tf_keras as keras
+
+    model = lm()
+    reference = twin(model)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    _, stages, trainer = pipelined(model, microbatches=4)
+    for step in range(5):
+        x, y = lm_batch(seed=step)
+        assert trainer.train_on_batch(x, y)[0] == pytest.approx(reference.train_on_batch(x, y),
+                                                                rel=1e-5)
+    trained = gathered(model, stages)
+    assert max_difference(trained, reference) < 1e-5
+    assert max_difference(trained, model) > 1e-3  # it did train
+
+
+def test_resnet_steps_equal_one_device_accumulating_the_same_micro_batches():
+    """BatchNormalization sees micro-batch statistics (as in GPipe), so the one-device twin
+    accumulates gradients over the same micro-batches (`train.grad_accum_steps`)."""
+    import tf_keras as keras
+
+    from tftrain.engine import grad_accum
+
+    model = image_model("resnet", depth=1, width=8, stages=2)
+    reference = grad_accum.wrap(twin(model), 2)
+    reference.compile(optimizer=keras.optimizers.SGD(0.05),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    _, stages, trainer = pipelined(model, microbatches=2, optimizer=keras.optimizers.SGD(0.05))
+    for step in range(5):
+        x, y = image_batch(seed=step)
+        trainer.train_on_batch(x, y)
+        reference.train_on_batch(x, y)
+    assert max_difference(gathered(model, stages), reference.inner) < 1e-5
+
+
+def test_gradient_accumulation_runs_groups_of_micro_batches_as_one_update():
+    import tf_keras as keras
+
+    model = lm()
+    reference = twin(model)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    _, stages, trainer = pipelined(model, microbatches=2, groups=2)
+    for step in range(3):
+        x, y = lm_batch(size=16, seed=step)
+        trainer.train_on_batch(x, y)
+        reference.train_on_batch(x, y)
+    assert max_difference(gathered(model, stages), reference) < 1e-5
+
+
+@pytest.mark.parametrize("policy,tolerance", [("mixed_bfloat16", 2e-2), ("mixed_float16", 2e-3)])
+def test_mixed_precision_trains_as_one_device_does(policy, tolerance):
+    import tf_keras as keras
+
+    keras.mixed_precision.set_global_policy(policy)
+    try:
+        model = lm()
+        optimizer = keras.optimizers.SGD(0.1)
+        if policy == "mixed_float16":
+            optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
+        reference = twin(model)
+        reference.compile(optimizer=keras.mixed_precision.LossScaleOptimizer(
+                              keras.optimizers.SGD(0.1)) if policy == "mixed_float16"
+                          else keras.optimizers.SGD(0.1),
+                          loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        _, stages, trainer = pipelined(model, microbatches=2, optimizer=optimizer)
+        assert stages[1].get_layer("block_1_mlp_in").compute_dtype == policy[len("mixed_"):]
+        losses = []
+        for step in range(4):
+            x, y = lm_batch(seed=step)
+            losses.append(trainer.train_on_batch(x, y)[0])
+            reference.train_on_batch(x, y)
+        assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
+        assert all(v.dtype == "float32" for stage in stages for v in stage.weights)
+        assert max_difference(gathered(model, stages), reference) < tolerance
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+# --- through the CLI --------------------------------------------------------------------
+
+
+
+
+def pipeline_command() -> list[str]:
+    """text_lm's `Pipeline:` header command, as a user copies it."""
+    import os
+    import shlex
+
+    from tests.test_documented_commands import header_commands
+
+    (command,) = [c for c in header_commands(os.path.join(REPO, "configs", "text_lm.yaml"))
+                  if "--strategy=pipeline" in c]
+    return shlex.split(command)
+
+
+def test_text_lm_on_two_stages_reaches_the_one_device_bar(text_dir, tmp_path, cli):
+    from tests.test_language_model import unigram_perplexity
+    from tftrain import config as config_lib
+    from tftrain.check import _shapes, memory
+    from tftrain.rules.report import Target
+
+    args = pipeline_command()
+    run = tmp_path / "run"
+    args = [a if not a.startswith("--model_dir=") else f"--model_dir={run}" for a in args]
+    overrides = f"data.dir={text_dir},train.epochs=2"
+    assert cli(*args[1:], f"--params_override={overrides}") == 0
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["strategy"] == "pipeline"
+    pipeline = summary["pipeline"]
+    assert [s["device"] for s in pipeline["stages"]] == DEVICES
+    assert pipeline["microbatches"] == 4 and pipeline["bubble_fraction"] == pytest.approx(0.2)
+    assert pipeline["stages"][0]["sends"] == pipeline["stages"][1]["receives"]
+    unigram = unigram_perplexity(text_dir)
+    assert summary["eval"]["perplexity"] <= 0.7 * unigram, (summary["eval"], unigram)
+    # `tftrain check` plans each stage's weights and optimizer state as the run held them.
+    config = config_lib.build_config("text_lm", {"runtime.strategy": "pipeline"}, overrides)
+    planned = memory.plan(_shapes(config), config, Target("cpu", 1), "float32").stages
+    for plan, held in zip(planned, pipeline["stages"]):
+        assert (plan["weights"], plan["optimizer_state"]) == (
+            held["bytes"]["weights"], held["bytes"]["optimizer"])
+    assert summary["memory"]["weights_bytes_per_device"] == max(
+        s["bytes"]["weights"] for s in pipeline["stages"])
+    print(f"pipeline 2 stages: test perplexity {summary['eval']['perplexity']:.2f}, "
+          f"unigram {unigram:.2f}")
+
+
+def test_resnet_on_two_stages_is_within_two_points_of_one_device(digits_dir, tmp_path):
+    from tftrain import config as config_lib
+    from tftrain.engine import train
+
+    accuracy = {}
+    for strategy in ("one_device", "pipeline"):
+        config = config_lib.build_config("digits", {"runtime.strategy": strategy},
+                                         f"data.dir={digits_dir},model.name=resnet,"
+                                         "model.params={depth: 1, width: 16, stages: 2},"
+                                         "train.epochs=4")
+        summary = train.train(config, str(tmp_path / strategy))
+        accuracy[strategy] = summary["eval"]["accuracy"]
+    assert accuracy["pipeline"] >= accuracy["one_device"] - 0.02, accuracy
+    print(f"resnet on digits: {accuracy}")
+
+
+def exported_weights(run) -> dict:
+    import tensorflow as tf
+
+    (version,) = [p for p in (run / "export").iterdir() if p.is_dir()]
+    reader = tf.train.load_checkpoint(str(version / "variables" / "variables"))
+    values = {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+              if "OPTIMIZER" not in name}
+    return {name: value for name, value in values.items() if isinstance(value, np.ndarray)
+            and value.dtype.kind == "f"}
+
+
+def test_sigkill_then_resume_equals_an_uninterrupted_run(digits_dir, tmp_path):
+    from tests.test_dtensor import TFTRAIN, TIMEOUT, _env, _wait_for_backup
+
+    def command(run):
+        return [*TFTRAIN, "train", "--config=digits", "--strategy=pipeline",
+                f"--model_dir={run}",
+                f"--params_override=data.dir={digits_dir},train.epochs=2,"
+                "train.steps_per_epoch=12,train.backup_every_steps=4,train.deterministic=true"]
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(command(killed), env=_env(), cwd=REPO, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        _wait_for_backup(process, killed)
+        process.send_signal(signal.SIGKILL)
+        process.wait(60)
+    finally:
+        process.kill()
+    assert not (killed / "summary.json").exists()
+    for run in (killed, tmp_path / "whole"):
+        out = subprocess.run(command(run), env=_env(), cwd=REPO, capture_output=True, text=True,
+                             timeout=TIMEOUT)
+        assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads((killed / "summary.json").read_text())
+    assert summary["resumed_from"] and summary["strategy"] == "pipeline"
+    resumed, whole = exported_weights(killed), exported_weights(tmp_path / "whole")
+    assert resumed.keys() == whole.keys() and len(resumed) > 4
+    assert max(float(np.abs(resumed[k] - whole[k]).max()) for k in whole) < 1e-6

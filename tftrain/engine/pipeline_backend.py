@@ -1,0 +1,92 @@
+"""The pipeline backend (`runtime.strategy=pipeline`): the model's layers cut into stages, one
+device each, trained GPipe-style with micro-batches (`runtime.pipeline_model`).
+
+Everything but the model is the one-device story (`StrategyBackend` on the default strategy):
+seeds, precision, the input pipeline, evaluation data, the export directory. The ordinary
+model is built first (its layers decide the cuts, and it is what gets exported); the stages are
+rebuilt from its layers on their devices and start from its weights; after `fit` their weights
+are gathered back into it, and it is evaluated and exported like any other run's.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+import tf_keras as keras
+from absl import logging
+
+from tftrain import config as config_lib
+from tftrain import tasks
+from tftrain.engine import backends, determinism, run_memory
+from tftrain.runtime import pipeline_model, pipeline_stages
+from tftrain.training import optimizers
+
+
+def bubble_fraction(stages: int, microbatches: int) -> float:
+    """The share of a GPipe step each device idles: (S - 1) / (M + S - 1)."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+class PipelineBackend(backends.StrategyBackend):
+    """Stages on `runtime.pipeline_stages` devices, `runtime.microbatches` per step."""
+
+    def __init__(self, config: config_lib.Config):
+        self.devices = pipeline_stages.devices(config.runtime)
+        super().__init__(config, tf.distribute.get_strategy(), jit_compile=False)
+        self.name = "pipeline"
+        self.device_type = "GPU" if "GPU" in self.devices[0] else "CPU"
+        self._stages: list = []
+        self._plan: list = []
+        self._rules = config.runtime.stage_rules
+
+    def build(self, config: config_lib.Config, manifest: dict, plan):
+        """`(model, trainer)`: the ordinary model (on the host) and the stages built from it on
+        their devices, wrapped in a compiled `PipelineModel`."""
+        task = tasks.from_config(config, manifest)
+        with tf.device("/device:CPU:0"):
+            model = backends.build_plain_model(config, manifest, task)
+        self._plan = pipeline_stages.plan(model, config.runtime.pipeline_stages,
+                                          config.runtime.stage_rules)
+        self._stages = pipeline_stages.build(model, self._plan, self.devices)
+        for index, (stage, device) in enumerate(zip(self._plan, self.devices)):
+            logging.info("stage %d on %s: %d layers (%s .. %s), %s parameters", index, device,
+                         len(stage.layers), stage.layers[0], stage.layers[-1],
+                         f"{stage.parameters:,}")
+        trainer = pipeline_model.PipelineModel(
+            self._stages, self.devices, config.runtime.microbatches,
+            config.train.grad_accum_steps, name=f"{model.name}_pipeline")
+        trainer.compile(optimizer=optimizers.make_optimizer(config.train, plan.schedule_epoch_steps,
+                                                            plan.total_steps),
+                        loss=task.loss(), metrics=task.metrics(), jit_compile=False,
+                        steps_per_execution=config.train.steps_per_execution)
+        # Built (BackupAndRestore needs built models) by one example through the stages.
+        trainer(tf.nest.map_structure(lambda t: tf.zeros([1, *t.shape[1:]], t.dtype), model.input))
+        if config.train.deterministic:
+            self.random_state = determinism.random_generators(trainer)
+        return model, trainer
+
+    def trained_model(self, model: keras.Model, trainer: keras.Model, task) -> keras.Model:
+        """The ordinary model with the stages' trained weights gathered into it, compiled with
+        the task's loss and metrics."""
+        pipeline_stages.gather(self._stages, model)
+        logging.info("gathered the %d stages' weights into the ordinary model", len(self._stages))
+        model.compile(loss=task.loss(), metrics=task.metrics())
+        return model
+
+    def summary(self, trainer: keras.Model) -> dict:
+        """The backend's part of `summary.json`: each stage's device, layers and bytes, and the
+        schedule's bubble."""
+        optimizer = run_memory.bytes_by_device(run_memory.optimizer_state(trainer.optimizer))
+        stages = []
+        for stage, model, device in zip(self._plan, self._stages, self.devices):
+            placed = {v.device for v in model.weights}
+            weights = sum(run_memory.bytes_by_device(model.weights).values())
+            stages.append({"device": device, "layers": list(stage.layers),
+                           "parameters": stage.parameters,
+                           "receives": list(stage.inputs), "sends": list(stage.outputs),
+                           "bytes": {"weights": weights,
+                                     "optimizer": sum(optimizer.get(d, 0) for d in placed)}})
+        microbatches = getattr(trainer, "microbatches", 1)
+        return {"strategy": "pipeline", "num_replicas": 1, "num_workers": 1, "jit_compile": False,
+                "pipeline": {"stages": stages, "microbatches": microbatches,
+                             "bubble_fraction": round(bubble_fraction(len(stages), microbatches), 4),
+                             "balanced_by": "stage_rules" if self._rules else
+                             "parameter bytes"}}
