@@ -1,0 +1,105 @@
+"""Pipeline stages: step time and each device's share of the model, one device against S stages
+with M micro-batches.
+
+    .venv/bin/python bench/pipeline.py [--width=256] [--num_layers=8] [--sequence_length=128]
+                                       [--batch_size=32] [--steps=5]
+
+The same `transformer_lm` (tftrain's builder, Adam, float32) trains `--steps` steps on random
+token ids after one warm-up step: once as one model on one device, then cut into stages by
+`runtime.pipeline_stages` and trained by `PipelineModel` as `tftrain train
+--strategy=pipeline` trains it, each setting in its own process. Without GPUs the stages are
+virtual CPU devices that share this machine's cores, so the table shows the schedule's cost
+(more, smaller ops; the bubble) and how the model's bytes split, not a speed-up: run the same
+command on a host with S GPUs (it uses them when present) to measure the overlap, and compare
+the step time with the bubble fraction (S-1)/(M+S-1). Prints the CPU and the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench.table import markdown_table  # noqa: E402
+from tftrain.optimize.tflite_eval import cpu_name  # noqa: E402
+
+CHILD = r'''
+import json, sys, time
+import tftrain  # noqa: F401  (tf-keras before TensorFlow)
+import numpy as np, tensorflow as tf, tf_keras as keras
+from tftrain import models
+from tftrain.config_schema import RuntimeConfig
+from tftrain.engine import run_memory
+from tftrain.runtime import pipeline_model, pipeline_stages
+
+args = json.loads(sys.argv[1])
+stages, microbatches = args["stages"], args["microbatches"]
+devices = pipeline_stages.devices(RuntimeConfig(pipeline_stages=max(stages, 2)))[:stages]
+length, vocab = args["sequence_length"], 1024
+keras.utils.set_random_seed(0)  # the same initial weights in every setting
+params = {k: args[k] for k in ("width", "num_layers", "num_heads", "mlp_width")}
+model = models.build_model("transformer_lm", params, (length,), vocab,
+                           {"vocab_size": vocab, "sequence_length": length})
+if stages > 1:
+    parts = pipeline_stages.build(model, pipeline_stages.plan(model, stages), devices)
+    model = pipeline_model.PipelineModel(parts, devices, microbatches)
+model.compile(keras.optimizers.Adam(1e-4),
+              keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+ids = tf.constant(np.random.default_rng(0).integers(1, vocab, (args["batch_size"], length)),
+                  tf.int32)
+model.train_on_batch(ids, ids)
+started = time.perf_counter()
+for _ in range(args["steps"]):
+    loss = model.train_on_batch(ids, ids)
+seconds = (time.perf_counter() - started) / args["steps"]
+held = run_memory.bytes_by_device(model.weights + run_memory.optimizer_state(model.optimizer))
+print("RESULT " + json.dumps({"seconds_per_step": seconds, "loss": float(np.ravel(loss)[0]),
+                              "largest_device_bytes": max(held.values()),
+                              "total_bytes": sum(held.values())}))
+'''
+
+
+def run(args: dict) -> dict:
+    """One setting in a fresh process."""
+    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], env=env,
+                         capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(out.stderr[-3000:])
+    line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
+    return json.loads(line[len("RESULT "):])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in (("width", 256), ("num_layers", 8), ("num_heads", 4),
+                          ("mlp_width", 1024), ("sequence_length", 128), ("batch_size", 32),
+                          ("steps", 5)):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    args = vars(parser.parse_args())
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores", flush=True)
+    settings = [(1, 1), (2, 1), (2, 4), (2, 8), (4, 8)]
+    results = {s: run({**args, "stages": s[0], "microbatches": s[1]}) for s in settings}
+    one = results[(1, 1)]
+    rows = []
+    for (stages, micro), r in results.items():
+        bubble = (stages - 1) / (micro + stages - 1)
+        rows.append(["one device" if stages == 1 else f"{stages} stages, {micro} micro-batches",
+                     f"{bubble:.2f}", f"{r['seconds_per_step']:.3f}",
+                     f"{r['seconds_per_step'] / one['seconds_per_step']:.2f}x",
+                     f"{r['largest_device_bytes'] / 2**20:.1f}",
+                     f"{r['largest_device_bytes'] / one['largest_device_bytes']:.2f}x",
+                     f"{r['loss']:.4f}"])
+    print(f"transformer_lm width {args['width']}, {args['num_layers']} blocks, sequence "
+          f"{args['sequence_length']}, batch {args['batch_size']}, Adam, float32; "
+          "weights + Adam state on the fullest device")
+    print(markdown_table(["setting", "bubble", "s/step", "vs one device", "MiB on a device",
+                          "vs one device", "loss"], rows))
+
+
+if __name__ == "__main__":
+    main()
