@@ -16,14 +16,13 @@ the step time with the bubble fraction (S-1)/(M+S-1). Prints the CPU and the tab
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.child import run_child  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
 from tftrain.optimize.tflite_eval import cpu_name  # noqa: E402
 
@@ -65,13 +64,7 @@ print("RESULT " + json.dumps({"seconds_per_step": seconds, "loss": float(np.rave
 
 def run(args: dict) -> dict:
     """One setting in a fresh process."""
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], env=env,
-                         capture_output=True, text=True)
-    if out.returncode:
-        raise SystemExit(out.stderr[-3000:])
-    line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return run_child(CHILD, args)
 
 
 def main() -> None:

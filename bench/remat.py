@@ -13,14 +13,13 @@ ratios on/off.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.child import run_child  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
 from tftrain.optimize.tflite_eval import cpu_name  # noqa: E402
 
@@ -52,11 +51,7 @@ print("RESULT " + json.dumps({"peak_bytes": resource.getrusage(resource.RUSAGE_S
 
 def run(args: dict) -> dict:
     """One setting in a fresh process."""
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    out = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], env=env,
-                         capture_output=True, text=True, check=True)
-    line = next(x for x in out.stdout.splitlines() if x.startswith("RESULT "))
-    return json.loads(line[len("RESULT "):])
+    return run_child(CHILD, args, CUDA_VISIBLE_DEVICES="")
 
 
 def main() -> None:
