@@ -34,7 +34,7 @@ sys.path.insert(0, REPO)
 
 from bench.convert import process_memory, process_tree  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
-from tftrain.optimize.tflite_eval import cpu_name  # noqa: E402
+from tftrain.host import cpu_name  # noqa: E402
 
 TFTRAIN = os.path.join(os.path.dirname(sys.executable), "tftrain")
 KINDS = ("jsonl", "text", "csv", "numpy", "images")

@@ -30,7 +30,7 @@ sys.path.insert(0, REPO)
 
 from bench.big_data import TFTRAIN, run_measured  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
-from tftrain.optimize.tflite_eval import cpu_name  # noqa: E402
+from tftrain.host import cpu_name  # noqa: E402
 
 GIB = 1 << 30
 # model.params per size; 1b is the shipped config as it is.

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import tftrain  # noqa: E402,F401  (tf-keras before TensorFlow)
 from bench.table import markdown_table  # noqa: E402
 from tftrain.data.record_file import RecordFile, check_frames  # noqa: E402
-from tftrain.optimize.tflite_eval import cpu_name  # noqa: E402
+from tftrain.host import cpu_name  # noqa: E402
 
 
 def shard(directory: str, records: int, size: int) -> str:

@@ -21,7 +21,7 @@ sys.path.insert(0, REPO)
 
 from bench.child import run_child  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
-from tftrain.optimize.tflite_eval import cpu_name  # noqa: E402
+from tftrain.host import cpu_name  # noqa: E402
 
 CHILD = r'''
 import json, resource, sys, time

@@ -27,7 +27,7 @@ sys.path.insert(0, REPO)
 
 from bench.table import markdown_table  # noqa: E402
 from pipelines.text import embedded_text  # noqa: E402
-from tftrain.optimize.tflite_eval import cpu_name  # noqa: E402
+from tftrain.host import cpu_name  # noqa: E402
 
 TFTRAIN = os.path.join(os.path.dirname(sys.executable), "tftrain")
 

@@ -16,6 +16,11 @@ TEST_CPU_DEVICES = 2
 def pytest_configure(config):
     from tftrain import quiet_start
 
+    # The CPU's measured matmul peak (MFU's denominator) is cached here, not in the home of
+    # whoever runs the tests; each test process and the runs it starts share it.
+    os.environ.setdefault("TFTRAIN_CACHE_DIR", os.path.join(
+        config.rootpath, ".pytest_cache", "tftrain"))
+
     quiet_start.import_tensorflow()
     import tensorflow as tf
 

@@ -33,8 +33,29 @@ def bounded_run(tmp_path_factory, digits_dir):
 def test_progress_lines_every_n_steps_without_a_tty(bounded_run):
     _, done = bounded_run
     steps = [int(s) for s in re.findall(r"step (\d+)/40 loss=\d+\.\d{4} [\d,]+ examples/s "
-                                        r"ETA \d+", done.stderr)]
+                                        r"mfu=\d+\.\d\d% ETA \d+", done.stderr)]
     assert steps == list(range(5, 41, 5)), done.stderr[-3000:]
+
+
+def test_the_summary_records_model_flops_utilization(bounded_run, digits_dir):
+    """MFU = the model's training FLOPs per example x examples/s over this host's measured
+    matmul peak (the devices share it on a CPU)."""
+    from tftrain import config as config_lib
+    from tftrain import models
+    from tftrain.models import flops
+
+    run, _ = bounded_run
+    summary = json.loads((run / "summary.json").read_text())
+    config = config_lib.build_config("digits", overrides=f"data.dir={digits_dir}")
+    model = models.build_model(config.model.name, config.model.params, (8, 8, 1), 10)
+    assert summary["model_flops_per_example"] == flops.training_flops_per_example(model) > 0
+    assert summary["achieved_flops_per_second"] == pytest.approx(
+        summary["model_flops_per_example"] * summary["examples_per_second"])
+    assert summary["peak_source"].startswith("measured on this host")
+    assert summary["peak_devices"] == 1
+    assert 0 < summary["mfu"] < 1
+    assert summary["mfu"] == pytest.approx(
+        summary["achieved_flops_per_second"] / summary["peak_flops_per_second"], rel=1e-4)
 
 
 def test_validation_every_n_steps_drives_the_epochs(bounded_run):

@@ -94,6 +94,13 @@ def test_compute_bound_run_says_so_and_suggests_nothing_for_the_input(digits_dir
     assert not [s for s in result["suggestions"] if s["for_input"]], result["suggestions"]
     assert "verdict: compute-bound" in printed and "| input alone" in printed
     assert result["data_dir"] == digits_dir and result["steps"] == STEPS
+    # MFU of the measured rates, and what holds it down (not the input: compute-bound).
+    usage = result["utilization"]
+    assert usage["mfu"] == pytest.approx(usage["model_flops_per_example"] * rates["combined"]
+                                         / usage["peak_flops_per_second"], rel=1e-3)
+    assert 0 < usage["mfu"] <= usage["mfu_model_alone"] * 1.25 < 1.25
+    assert not [why for why in usage["held_down_by"] if why.startswith("input")]
+    assert "model FLOPs utilization: " in printed and "(model alone)" in printed
 
 
 def test_verdict_margin():

@@ -52,13 +52,19 @@ def test_the_summary_keeps_summary_json_keys_in_order():
         eval={"split": "test", "accuracy": 0.9}, validation={"accuracy": 0.8},
         evaluation={"validation_steps": 0, "validation_every_steps": 0, "test_steps": 0},
         mixed_precision="float32", grad_accum_steps=1, resumed_from=None, seconds_per_step=0.1,
-        examples_per_second=320.0, rollbacks=0, restarts={"restarts": 0, "restart_causes": []},
+        examples_per_second=320.0,
+        utilization={"model_flops_per_example": 6000, "achieved_flops_per_second": 1.92e6,
+                     "peak_flops_per_second": 1e11, "peak_source": "measured",
+                     "peak_devices": 1, "mfu": 1.92e-5},
+        rollbacks=0, restarts={"restarts": 0, "restart_causes": []},
         backend={"strategy": "one_device", "num_replicas": 1, "num_workers": 1,
                  "jit_compile": False}).to_json()
     assert list(summary) == [
         "model_dir", "data_dir", "task", "parameters", "memory", "epochs", "steps", "eval", "validation", "evaluation",
         "mixed_precision", "grad_accum_steps", "resumed_from", "restarts", "restart_causes",
-        "seconds_per_step", "examples_per_second", "rollbacks", "strategy", "num_replicas",
+        "seconds_per_step", "examples_per_second", "model_flops_per_example",
+        "achieved_flops_per_second", "peak_flops_per_second", "peak_source", "peak_devices",
+        "mfu", "rollbacks", "strategy", "num_replicas",
         "num_workers", "jit_compile"]
 
 

@@ -1,6 +1,7 @@
 """Progress that speaks without a TTY: a line every `train.log_every_steps` steps (default:
-about every 30 seconds of training) naming the step, the loss, examples/s and the time left,
-and the same scalars in TensorBoard at the same steps.
+about every 30 seconds of training) naming the step, the loss, examples/s, the model FLOPs
+utilization (MFU, when the devices' peak is known) and the time left, and the same scalars in
+TensorBoard at the same steps.
 
 Keras prints one line per epoch when stdout is not a terminal (a SLURM or Kubernetes job,
 `nohup`, CI), so on a large dataset nothing would be said until an epoch ends. The terminal's
@@ -19,19 +20,21 @@ DEFAULT_SECONDS = 30.0
 
 
 class ProgressLog(keras.callbacks.Callback):
-    """Logs `step N/TOTAL`, the loss, examples/s and the ETA every `every_steps` steps (0: every
-    `every_seconds` of training); writes `progress/loss` and `progress/examples_per_second` to
-    TensorBoard (`log_dir`) at the same steps."""
+    """Logs `step N/TOTAL`, the loss, examples/s, MFU (`utilization`) and the ETA every
+    `every_steps` steps (0: every `every_seconds` of training); writes `progress/loss`,
+    `progress/examples_per_second` and `progress/mfu` to TensorBoard (`log_dir`) at the same
+    steps."""
 
     def __init__(self, total_steps: int, examples_per_step: int, every_steps: int = 0, *,
                  steps_per_execution: int = 1, log_dir: str | None = None, lines: bool = True,
-                 every_seconds: float = DEFAULT_SECONDS):
+                 every_seconds: float = DEFAULT_SECONDS, utilization=None):
         super().__init__()
         self._supports_tf_logs = True  # the loss is read only when a line is due
         self.total_steps, self.examples_per_step = total_steps, examples_per_step
         self.every_steps, self.every_seconds = every_steps, every_seconds
         self.log_dir, self.lines = log_dir, lines
         self._per_call = steps_per_execution  # steps between two on_train_batch_end calls
+        self.utilization = utilization  # engine.utilization.Utilization, or None
         self._writer = None
 
     def on_train_begin(self, logs=None):
@@ -53,13 +56,17 @@ class ProgressLog(keras.callbacks.Callback):
         rate = (step - self._last_step) * self.examples_per_step / max(elapsed, 1e-9)
         left = max(0, self.total_steps - step) * self.examples_per_step / max(rate, 1e-9)
         self._last_step, self._last_time = step, time.monotonic()
+        mfu = self.utilization.mfu(rate) if self.utilization else None
         if self.lines:
-            logging.info("step %d/%d loss=%.4f %s examples/s ETA %s", step, self.total_steps,
-                         loss, f"{rate:,.0f}", duration(left))
+            logging.info("step %d/%d loss=%.4f %s examples/s%s ETA %s", step, self.total_steps,
+                         loss, f"{rate:,.0f}", f" mfu={100 * mfu:.2f}%" if mfu is not None else "",
+                         duration(left))
         if self._writer is not None:
             with self._writer.as_default(step=step):
                 tf.summary.scalar("progress/loss", loss)
                 tf.summary.scalar("progress/examples_per_second", rate)
+                if mfu is not None:
+                    tf.summary.scalar("progress/mfu", mfu)
             self._writer.flush()
 
     def on_train_end(self, logs=None):

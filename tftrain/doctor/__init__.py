@@ -19,6 +19,7 @@ def run(config, steps: int = DEFAULT_STEPS, convert_data: bool = True) -> dict:
     """Measures the configured run; returns the result as a JSON-ready dict (see `report`)."""
     from tftrain.doctor import advice, measure, stages as stages_lib
     from tftrain.engine import backend_choice, prepare
+    from tftrain.engine.utilization import Utilization
 
     # 1-2. The run `train` would start, built the same way (backend first: no TensorFlow op
     #      may run before it), on every backend. Nothing is written into its model_dir.
@@ -49,6 +50,7 @@ def run(config, steps: int = DEFAULT_STEPS, convert_data: bool = True) -> dict:
 
     # 5. The verdict, and the changes that help (tried here when they can be).
     verdict = advice.verdict(rates)
+    usage = Utilization.of(run_.model, backend, run_.policy)
     if verdict == advice.INPUT_BOUND:
         tried, text, whys = advice.try_cache(backend, config, run_.dataset, rates, steps)
         tried += advice.try_autotune_off(backend, config, rates, steps, fill)
@@ -74,4 +76,33 @@ def run(config, steps: int = DEFAULT_STEPS, convert_data: bool = True) -> dict:
         "input_bound_margin": advice.INPUT_BOUND_MARGIN,
         "tried": [dataclasses.asdict(t) | {"speedup": t.speedup} for t in tried],
         "suggestions": [advice.suggestion_json(s) for s in advice.choose(tried, text, whys)],
+        "utilization": utilization(usage, rates, verdict, run_.policy, backend.device_type,
+                                   examples, config.train.steps_per_execution),
     }
+
+
+SMALL_STEP_FLOPS = 1e9  # below this a step's matmuls are too small to keep a device busy
+SHORT_STEP_SECONDS = 0.005  # below this per step, Python and the launch of each step weigh
+
+
+def utilization(usage, rates, verdict: str, policy: str, device_type: str, examples: int,
+                steps_per_execution: int) -> dict:
+    """MFU of the run (input + model) and of the model alone, and what holds it down."""
+    from tftrain.doctor import advice
+
+    step_flops = usage.model_flops_per_example * examples
+    step_seconds = examples / rates.model_alone
+    held = []
+    if verdict == advice.INPUT_BOUND:
+        held.append(f"input: the step waits on input {rates.input_wait:.0%} of its time")
+    if policy == "float32" and device_type in ("GPU", "TPU"):
+        held.append(f"precision: float32 leaves the {device_type}'s 16-bit matmul units idle "
+                    "(runtime.mixed_precision=auto)")
+    if step_flops < SMALL_STEP_FLOPS:
+        held.append(f"small matmuls: {step_flops / 1e6:,.1f} MFLOP per step; a larger "
+                    "data.batch_size or model keeps the device busier")
+    if step_seconds < SHORT_STEP_SECONDS and steps_per_execution == 1:
+        held.append(f"host overhead: {1e3 * step_seconds:.1f} ms per step, each launched from "
+                    "Python; train.steps_per_execution runs several per call")
+    return {**usage.summary(rates.combined), "mfu_model_alone": usage.mfu(rates.model_alone),
+            "held_down_by": held}

@@ -39,6 +39,7 @@ def text(result: dict) -> str:
     for trial in result["tried"]:
         lines.append(f"tried {trial['change']}: {trial['measured']} {_rate(trial['before'])} -> "
                      f"{_rate(trial['after'])} examples/s ({trial['speedup']:.2f}x)")
+    lines += _utilization(result.get("utilization"))
     if result["suggestions"]:
         lines.append("suggestions:")
         lines += [f"  {i}. {s['line']}" for i, s in enumerate(result["suggestions"], 1)]
@@ -46,3 +47,16 @@ def text(result: dict) -> str:
         lines.append("suggestions: none" + (" for the input: the model's step is the limit"
                                             if result["verdict"] == "compute-bound" else ""))
     return "\n".join(lines)
+
+
+def _utilization(usage: dict | None) -> list[str]:
+    """The MFU line and what holds it down."""
+    if not usage or usage["mfu"] is None:
+        return [f"model FLOPs utilization: unknown ({usage['peak_source']})"] if usage else []
+    lines = [f"model FLOPs utilization: {usage['mfu']:.2%} (input + model), "
+             f"{usage['mfu_model_alone']:.2%} (model alone) of "
+             f"{usage['peak_flops_per_second'] / 1e12:,.3g} TFLOP/s "
+             f"({usage['peak_source']}); {usage['model_flops_per_example'] / 1e6:,.2f} "
+             "MFLOP per example"]
+    lines += [f"  held down by {why}" for why in usage["held_down_by"]]
+    return lines

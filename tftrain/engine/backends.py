@@ -42,6 +42,7 @@ class Backend(Protocol):
     num_workers: int
     chief: bool  # multi-worker: only the chief writes the run's files
     device_type: str  # "CPU", "GPU" or "TPU": where the replicas compute
+    num_devices: int  # the devices the model computes on (replicas, a mesh, pipeline stages)
     random_state: object  # train.deterministic: what the backup saves beside the model, or None
 
     def set_up(self, config: config_lib.Config) -> str:
@@ -152,6 +153,7 @@ class StrategyBackend:
         self.num_workers = cluster.num_workers() if strategy is None else 1
         self.chief = cluster.is_chief(self.strategy)  # multi-worker: only the chief writes
         self.device_type = _device_type(self.strategy)
+        self.num_devices = self.num_replicas
         self.random_state = None  # train.deterministic: the random layers' generators
         self._policy, self._jit_compile = policy, jit_compile
         config_lib.check_divisible(config.data.batch_size, self.num_replicas)
@@ -232,6 +234,7 @@ class DTensorBackend:
         self.num_workers = 1
         self.chief = True
         self.device_type = self.mesh.device_type()
+        self.num_devices = dtensor_layouts.mesh_size(self.dims)
         self.random_state = None
         self._config = config
         self._plan_layouts: dict = {}

@@ -33,6 +33,7 @@ class PipelineBackend(backends.StrategyBackend):
         super().__init__(config, tf.distribute.get_strategy(), jit_compile=False)
         self.name = "pipeline"
         self.device_type = "GPU" if "GPU" in self.devices[0] else "CPU"
+        self.num_devices = len(self.devices)
         self._stages: list = []
         self._plan: list = []
         self._rules = config.runtime.stage_rules

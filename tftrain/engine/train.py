@@ -21,6 +21,7 @@ import tf_keras as keras
 from tftrain import config as config_lib
 from tftrain import rules, run_dir, tasks
 from tftrain.engine import backend_choice, hparams, run_memory
+from tftrain.engine.utilization import Utilization
 from tftrain.engine.prepare import prepare
 from tftrain.data import passes
 from tftrain.training import optimizers
@@ -88,9 +89,10 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     train_data = backend.training_data(config, start_step, shard_sets=passes.for_run(
         backup_dir, shards, config.data, run_.manifest, start_step, backend.chief))
     timer = StepTimer(run_.examples_per_step)
+    usage = Utilization.of(model, backend, run_.policy)  # model FLOPs and the devices' peak
     callbacks = make_callbacks(config.train, model_dir, plan, backup, timer, sigterm,
                                chief=backend.chief, task=run_.task,
-                               requested=unfreeze.requested_by(model))
+                               requested=unfreeze.requested_by(model), utilization=usage)
     history = trainer.fit(train_data, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
                           validation_data=backend.evaluation_data(config, config.data.eval_split,
                                                                   for_fit=True),
@@ -124,6 +126,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         resumed_from=list(backup.resumed_at) if backup.resumed_at else None,
         seconds_per_step=timer.seconds_per_step() if timer.timed else None,
         examples_per_second=timer.examples_per_second() if timer.timed else None,
+        utilization=usage.summary(timer.examples_per_second() if timer.timed else None),
         rollbacks=divergence.rollbacks_of(callbacks),  # by the guard, train.on_nan=rollback
         restarts=launch.restart_summary(),  # restarts by `tftrain launch --max_restarts`
         backend=backend.summary(trainer),  # strategy, replicas, workers, XLA; DTensor's mesh
@@ -160,6 +163,7 @@ class RunSummary:
     resumed_from: list | None
     seconds_per_step: float | None
     examples_per_second: float | None
+    utilization: dict  # model_flops_per_example, achieved/peak FLOP/s, mfu (engine.utilization)
     rollbacks: int
     restarts: dict  # `restarts` and `restart_causes` (runtime.launch)
     backend: dict  # strategy, num_replicas, num_workers, jit_compile (+ DTensor's mesh)
@@ -170,7 +174,9 @@ class RunSummary:
         restarts, backend = fields.pop("restarts"), fields.pop("backend")
         rollbacks = fields.pop("rollbacks")
         timing = {k: fields.pop(k) for k in ("seconds_per_step", "examples_per_second")}
-        return {**fields, **restarts, **timing, "rollbacks": rollbacks, **backend}
+        utilization = fields.pop("utilization")
+        return {**fields, **restarts, **timing, **utilization, "rollbacks": rollbacks,
+                **backend}
 
 
 class RunDirectory:
@@ -201,7 +207,7 @@ def write_hparams(model_dir: str, config: config_lib.Config, summary: dict) -> N
 
 def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: StepPlan,
                    backup, timer, sigterm, chief: bool = True, task=None,
-                   requested: list = ()) -> list:
+                   requested: list = (), utilization=None) -> list:
     """The callbacks of `fit`, in the order they must run at each epoch end.
 
     The learning rate is added to the logs before TensorBoard writes them; the best checkpoint
@@ -224,7 +230,7 @@ def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: S
         ProgressLog(plan.total_steps, timer.examples_per_step, train_config.log_every_steps,
                     steps_per_execution=train_config.steps_per_execution,
                     log_dir=join(model_dir, run_dir.LOGS, "train") if chief else None,
-                    lines=chief and not sys.stdout.isatty()),
+                    lines=chief and not sys.stdout.isatty(), utilization=utilization),
     ]
     if train_config.early_stopping_patience:
         callbacks.append(keras.callbacks.EarlyStopping(

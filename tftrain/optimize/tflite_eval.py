@@ -15,7 +15,6 @@ are computed from one example at a time, on every example.
 from __future__ import annotations
 
 import itertools
-import platform
 import time
 
 import numpy as np
@@ -25,6 +24,7 @@ from absl import logging
 from tftrain import quiet_start
 from tftrain.errors import TftrainError
 from tftrain.fileio import read_bytes
+from tftrain.host import cpu_name
 from tftrain.optimize import sizes
 from tftrain.tasks.classification import ClassificationTask
 
@@ -247,26 +247,3 @@ def compare_latencies(models: dict, dataset, *, rounds: int = 5, examples: int =
                                                  else None),
                    "throughput_batch_size": batch_size, "num_threads": num_threads, "cpu": cpu}
             for name in models}
-
-
-def cpu_name() -> str:
-    """The CPU model and its vector extensions, e.g. `AMD EPYC (avx2, fma)`.
-
-    They decide how int8 compares with float32: on an AVX2 CPU without int8 dot-product
-    instructions (x86 VNNI, Arm dotprod/i8mm) int8 measured no faster (docs/optimize.md).
-    Linux only; elsewhere `platform.processor()`.
-    """
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return platform.processor() or platform.machine()
-    fields = {}
-    for line in lines:
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
-    name = fields.get("model name") or fields.get("CPU part") or platform.machine()
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
-    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm")
-    shown = [flag for flag in wanted if flag in flags]
-    return f"{name} ({', '.join(shown)})" if shown else name
