@@ -9,6 +9,7 @@ import time
 import pytest
 
 from tests.conftest import PYTHON, REPO
+from tests.launch_testutil import interruptible
 from tftrain import dir_lock
 from tftrain.data import inspection, load
 from tftrain.data import manifest as manifest_lib
@@ -23,7 +24,8 @@ def start_conversion(output, *extra, sleep_ms=3):
         [PYTHON, "-c", "from tftrain.cli import run; run()", "convert",
          "--pipeline=tests.test_convert", f"--pipeline_options=n={N},sleep_ms={sleep_ms}",
          f"--output={output}", "--num_shards=4", *extra],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        preexec_fn=interruptible)
 
 
 def wait_for_shard_files(output, process, timeout=180):

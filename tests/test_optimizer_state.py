@@ -145,7 +145,7 @@ def _mesh_steps(digits_dir, overrides: str) -> dict:
     return json.loads(lines[0][len("RESULT "):])
 
 
-@pytest.mark.parametrize("optimizer", ["adafactor", "adam", "sgd"])
+@pytest.mark.parametrize("optimizer", ["adafactor", "adam"])  # sgd: one slot, as adam's m
 def test_sharded_optimizer_state_steps_as_one_device_does(digits_dir, optimizer):
     plain = _mesh_steps(digits_dir, f"train.optimizer={optimizer}")
     sharded = _mesh_steps(digits_dir, f"train.optimizer={optimizer},"

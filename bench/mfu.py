@@ -1,0 +1,128 @@
+"""tftrain train against a hand-written training loop: throughput and model FLOPs utilization.
+
+    .venv/bin/python bench/mfu.py [--width=512] [--num_layers=8] [--batch_size=16] [--steps=40]
+
+The embedded text (Python's documentation) is converted once into 128-token windows; then the
+same `transformer_lm` (tftrain's builder, Adam, float32, ~26M parameters at the defaults)
+trains on the same batches twice, each in its own process:
+
+- `tftrain train --config=text_lm` with the model and batch replaced by override, for
+  `--steps` steps in two epochs (summary.json's steady-state examples/s is the second's);
+- a plain loop: `tftrain.data.load` for the batches, a `tf.function` step with a
+  `GradientTape` and `apply_gradients`, timed over the same number of steps after a warm-up.
+
+MFU for both is the model's FLOPs per example (counted from its layers) x examples/s over this
+host's measured matmul peak. Prints the CPU and the table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from bench.big_data import TFTRAIN  # noqa: E402
+from bench.child import run_child  # noqa: E402
+from bench.table import markdown_table  # noqa: E402
+from tftrain.host import cpu_name  # noqa: E402
+
+LOOP = r'''
+import json, sys, time
+import tftrain  # noqa: F401  (tf-keras before TensorFlow)
+import tensorflow as tf, tf_keras as keras
+from tftrain import data, models
+from tftrain.models import flops
+from tftrain.runtime import peak_flops
+
+args = json.loads(sys.argv[1])
+manifest = json.load(open(args["data"] + "/dataset.json"))
+info = manifest["info"]
+keras.utils.set_random_seed(42)
+model = models.build_model("transformer_lm", args["params"], (info["sequence_length"],),
+                           info["vocab_size"], info)
+loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+optimizer = keras.optimizers.Adam(args["learning_rate"])
+
+@tf.function
+def step(x, y):
+    with tf.GradientTape() as tape:
+        loss = loss_fn(y, model(x, training=True))
+    optimizer.apply_gradients(zip(tape.gradient(loss, model.trainable_variables),
+                                  model.trainable_variables))
+    return loss
+
+batches = iter(data.load(args["data"], "train", args["batch_size"], training=True, repeat=True))
+warmup = args["steps"] // 2
+for _ in range(warmup):
+    loss = step(*next(batches))
+loss.numpy()
+started = time.perf_counter()
+for _ in range(args["steps"] - warmup):
+    loss = step(*next(batches))
+loss.numpy()
+seconds = time.perf_counter() - started
+rate = (args["steps"] - warmup) * args["batch_size"] / seconds
+per_example = flops.training_flops_per_example(model)
+peak = peak_flops.cpu_peak("float32")
+print("RESULT " + json.dumps({"examples_per_second": rate, "parameters": model.count_params(),
+                              "mfu": per_example * rate / peak,
+                              "model_flops_per_example": per_example}))
+'''
+
+
+def convert(directory: str) -> str:
+    path = os.path.join(directory, "text128")
+    subprocess.run([TFTRAIN, "convert", "--pipeline=text",
+                    f"--output={path}", "--pipeline_options=sequence_length=128"],
+                   check=True, capture_output=True, cwd=REPO,
+                   env=dict(os.environ, PYTHONPATH=REPO))
+    return path
+
+
+def tftrain_run(directory: str, data_dir: str, args: dict) -> dict:
+    params = json.dumps(args["params"]).replace('"', "")
+    run = os.path.join(directory, "run")
+    overrides = (f"data.dir={data_dir},model.params={params},data.batch_size={args['batch_size']},"
+                 f"train.steps={args['steps']},train.steps_per_epoch={args['steps'] // 2},"
+                 f"train.learning_rate={args['learning_rate']},train.lr_schedule=constant,"
+                 "train.warmup_steps=0,train.validation_steps=1,train.test_steps=1")
+    subprocess.run([TFTRAIN, "train", "--config=text_lm",
+                    f"--model_dir={run}", f"--params_override={overrides}"],
+                   check=True, capture_output=True, cwd=REPO,
+                   env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"))
+    with open(os.path.join(run, "summary.json"), encoding="utf-8") as f:
+        return json.load(f)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    for name, default in (("width", 512), ("num_layers", 8), ("batch_size", 16), ("steps", 40)):
+        parser.add_argument(f"--{name}", type=int, default=default)
+    options = parser.parse_args()
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores", flush=True)
+    args = {"params": {"width": options.width, "num_layers": options.num_layers, "num_heads": 8,
+                       "mlp_width": 4 * options.width},
+            "batch_size": options.batch_size, "steps": options.steps, "learning_rate": 3e-4}
+    with tempfile.TemporaryDirectory() as directory:
+        args["data"] = convert(directory)
+        summary = tftrain_run(directory, args["data"], args)
+        loop = run_child(LOOP, args)
+    rows = [["tftrain train", f"{summary['parameters']:,}",
+             f"{summary['examples_per_second']:.1f}", f"{100 * summary['mfu']:.2f}%", "1.00x"],
+            ["tf.function + GradientTape loop", f"{loop['parameters']:,}",
+             f"{loop['examples_per_second']:.1f}", f"{100 * loop['mfu']:.2f}%",
+             f"{loop['examples_per_second'] / summary['examples_per_second']:.2f}x"]]
+    print(f"transformer_lm width {options.width}, {options.num_layers} blocks, 128 tokens, batch "
+          f"{options.batch_size}, Adam, float32, {options.steps} steps (the second half timed); "
+          f"{summary['model_flops_per_example'] / 1e9:.2f} GFLOP per example; peak "
+          f"{summary['peak_flops_per_second'] / 1e9:.1f} GFLOP/s ({summary['peak_source']})\n")
+    print(markdown_table(["run", "parameters", "examples/s", "MFU", "vs tftrain"], rows))
+
+
+if __name__ == "__main__":
+    main()
