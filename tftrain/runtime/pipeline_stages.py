@@ -217,8 +217,8 @@ def build(model, stages: list[Stage], devices: list[str]) -> list:
 
 
 def copy_weights(source, targets) -> None:
-    """Every layer of `targets` (one model or several) gets the weights of the layer of the
-    same name in `source`; `copy_weights(stage_list, model)` goes back (see `gather`)."""
+    """Every layer of the `targets` models gets the weights of the layer of the same name in
+    `source` (the way back, stages into one model, is `gather`)."""
     for target in targets:
         for layer in target.layers:
             if layer.weights:
