@@ -131,6 +131,38 @@ def test_precision_passes_bfloat16_on_tpu_and_advises_elsewhere():
     assert gpu.status == ADVICE and "Ampere" in gpu.what
 
 
+def test_precision_on_this_cpu_follows_its_16_bit_units():
+    from tftrain import host
+
+    has_units = bool(host.low_precision_units("mixed_bfloat16"))
+    here = Target("cpu", 1)
+    (bf16,) = precision.check(_config("runtime.mixed_precision=mixed_bfloat16"), here)
+    assert bf16.status == (OK if has_units else ADVICE)
+    if not has_units:  # this machine (an AVX2-only CPU here): bf16 is converted, no faster
+        assert "no 16-bit matmul units" in bf16.what and host.cpu_name() in bf16.what
+        assert bf16.fix == "runtime.mixed_precision=float32"
+    (fp32,) = precision.check(_config(), here)
+    assert fp32.status == (ADVICE if has_units else OK)
+
+
+def test_precision_on_a_cpu_with_amx_advises_bf16_and_no_xla(monkeypatch):
+    from tftrain import host
+
+    # The flags an AMX CPU (Sapphire Rapids) reports; this machine has none to run them.
+    monkeypatch.setattr(host, "cpu_flags", lambda: {"avx512f", "avx512_bf16", "amx_bf16"})
+    here = Target("cpu", 1)
+    (fp32,) = precision.check(_config(), here)
+    assert fp32.status == ADVICE and "amx_bf16" in fp32.what and "mixed_bfloat16" in fp32.fix
+    (bf16,) = precision.check(_config("runtime.mixed_precision=mixed_bfloat16"), here)
+    assert bf16.status == OK and "avx512_bf16" in bf16.what
+    units, xla = precision.check(_config("runtime.mixed_precision=mixed_bfloat16,"
+                                         "runtime.jit_compile=true"), here)
+    assert units.status == OK and xla.status == ADVICE
+    assert "XLA" in xla.what and xla.fix.startswith("runtime.jit_compile=auto")
+    (fp16,) = precision.check(_config("runtime.mixed_precision=mixed_float16"), here)
+    assert fp16.status == ADVICE and "amx_fp16" in fp16.what  # bf16 units do not run float16
+
+
 # -- batch ----------------------------------------------------------------------------------
 
 def test_batch_fails_when_it_does_not_split_over_the_cores():

@@ -122,3 +122,20 @@ def test_bad_config_is_one_line(cli, capsys):
     code = cli("doctor", "--config=digits", "--params_override=data.cahce=decoded")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "data.cache" in err[0]
+
+
+def test_what_holds_a_cpu_runs_precision_down_follows_its_16_bit_units(monkeypatch):
+    from tftrain import host
+    from tftrain.doctor import precision_holds
+
+    monkeypatch.setattr(host, "cpu_flags", lambda: {"avx2", "fma"})  # this VM's kind of CPU
+    (held,) = precision_holds("mixed_bfloat16", "CPU", jit=False)
+    assert "without 16-bit matmul units" in held and "mixed_precision=float32" in held
+    assert precision_holds("float32", "CPU", jit=True) == []
+    monkeypatch.setattr(host, "cpu_flags", lambda: {"avx512_bf16", "amx_bf16"})  # an AMX CPU
+    (idle,) = precision_holds("float32", "CPU", jit=False)
+    assert "idle" in idle and "amx_bf16" in idle
+    assert precision_holds("mixed_bfloat16", "CPU", jit=False) == []
+    (xla,) = precision_holds("mixed_bfloat16", "CPU", jit=True)
+    assert "XLA" in xla and "jit_compile=auto" in xla
+    assert precision_holds("float32", "GPU", jit=False)[0].startswith("precision: float32")

@@ -39,6 +39,39 @@ def die_with_parent() -> None:
         pass
 
 
+def _cpu_fields() -> dict[str, str] | None:
+    """The first processor's fields of /proc/cpuinfo (None off Linux)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    fields = {}
+    for line in lines:
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    return fields
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (x86 `flags`, Arm `Features`); empty off Linux."""
+    fields = _cpu_fields() or {}
+    return set((fields.get("flags") or fields.get("Features") or "").split())
+
+
+# 16-bit matmul units per precision policy: what makes a mixed policy faster than float32 on a
+# CPU (oneDNN uses them; without them bfloat16 and float16 are converted and run no faster).
+LOW_PRECISION_UNITS = {"mixed_bfloat16": ("amx_bf16", "avx512_bf16"),
+                       "mixed_float16": ("amx_fp16", "avx512_fp16")}
+
+
+def low_precision_units(policy: str) -> list[str]:
+    """This CPU's units that run `policy`'s 16-bit matmuls fast (empty: none, or not a mixed
+    policy)."""
+    flags = cpu_flags()
+    return [unit for unit in LOW_PRECISION_UNITS.get(policy, ()) if unit in flags]
+
+
 def cpu_name() -> str:
     """The CPU model and its vector extensions, e.g. `AMD EPYC (avx2, fma)`.
 
@@ -47,18 +80,12 @@ def cpu_name() -> str:
     (docs/optimize.md); bfloat16 matmuls are fast with AVX512-BF16 or AMX units only.
     Linux only; elsewhere `platform.processor()`.
     """
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = f.read().splitlines()
-    except OSError:
+    fields = _cpu_fields()
+    if fields is None:
         return platform.processor() or platform.machine()
-    fields = {}
-    for line in lines:
-        key, _, value = line.partition(":")
-        fields.setdefault(key.strip(), value.strip())
     name = fields.get("model name") or fields.get("CPU part") or platform.machine()
-    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    flags = cpu_flags()
     wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16",
-              "amx_int8", "asimddp", "i8mm")
+              "amx_fp16", "amx_int8", "asimddp", "i8mm")
     shown = [flag for flag in wanted if flag in flags]
     return f"{name} ({', '.join(shown)})" if shown else name

@@ -40,6 +40,7 @@ import dataclasses
 import itertools
 import re
 
+from tftrain.models.flops import ATTENTION_LAYERS
 from tftrain.rules import hardware
 from tftrain.rules.report import ADVICE, ERROR, OK, Finding, Target
 from tftrain.runtime import dtensor_layouts
@@ -172,7 +173,7 @@ def _node_elements(node) -> tuple[int, list]:
         elements = _output_elements(node)
     except ValueError:
         return 0, [layer.name]
-    if type(layer).__name__ == "MultiHeadAttention":
+    if type(layer).__name__ in ATTENTION_LAYERS:
         elements += _attention_insides(layer, node)
     return elements, []
 

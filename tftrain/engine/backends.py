@@ -83,7 +83,11 @@ def input_shape(data: config_lib.DataConfig):
 
 def use_xla(jit_compile: str) -> bool:
     """`runtime.jit_compile` for `compile`: auto is XLA on GPUs, where it usually pays (fused
-    kernels), and not on CPUs, where it mostly adds compile time. TPUStrategy compiles with XLA
+    kernels), and not on CPUs, measured: XLA's CPU backend does not use the 16-bit matmul units
+    that oneDNN uses (bfloat16 matmuls 1.04x float32 through XLA, 3.65x through oneDNN on an AMX
+    CPU), and in float32 it was 1.14-1.69x slower for the digits CNN (bench/train.py) while it
+    helps some MLPs (bench/precision.py), plus its compile time. `tftrain check` and `doctor`
+    say when `true` costs a mixed-precision run its units. TPUStrategy compiles with XLA
     whatever this says."""
     if jit_compile == "auto":
         return bool(tf.config.list_logical_devices("GPU"))

@@ -9,7 +9,7 @@ is not counted, being work the model does not need):
   Conv1D/2D/3D         2 x kernel size x output positions (depthwise and separable alike,
                        from their kernels)
   MultiHeadAttention   its four projections as above, plus 2 x 2 x heads x T x S x key_dim
-                       (the scores Q.K and the weighted sum of V)
+  (MatmulAttention)    (the scores Q.K and the weighted sum of V)
   everything else      0 (embeddings are lookups; norms, activations, softmax and adds are
                        elementwise and small beside the matmuls)
 
@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import math
 
-MATMUL_LAYERS = ("Dense", "EinsumDense")
+MATMUL_LAYERS = ("Dense", "EinsumDense", "MatmulProjection")
+ATTENTION_LAYERS = ("MultiHeadAttention", "MatmulAttention")  # models/attention.py
 CONV_LAYERS = ("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D", "SeparableConv2D",
                "Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose")
 
@@ -106,7 +107,7 @@ def _layer_flops(layer, node) -> int:
         return _dense(layer, inputs[0].shape, outputs[0].shape)
     if kind in CONV_LAYERS:
         return _conv(layer, outputs[0].shape)
-    if kind == "MultiHeadAttention":
+    if kind in ATTENTION_LAYERS:
         return _attention(layer, inputs[0].shape, inputs[-1].shape if len(inputs) > 1
                           else inputs[0].shape)
     if kind == "RecomputedBlock":

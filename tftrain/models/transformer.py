@@ -4,7 +4,8 @@ for text classification).
 Both embed int token ids [batch, sequence_length] (`token_embedding`) and add a learned
 position embedding (`position_embedding`), then run `num_layers` pre-norm blocks:
 
-    x = x + attention(attention_norm(x))      tf_keras MultiHeadAttention
+    x = x + attention(attention_norm(x))      MatmulAttention (tf_keras MultiHeadAttention
+                                              computed with MatMuls: models/attention.py)
     x = x + mlp_out(gelu(mlp_in(mlp_norm(x))))
 
 and a `final_norm`. The decoder's attention is causal (position t sees positions <= t) and its
@@ -30,6 +31,7 @@ from __future__ import annotations
 import functools
 
 from tftrain.errors import ConfigError
+from tftrain.models.attention import attention_class
 
 
 def _check(input_shape, vocab_size, sequence_length, width: int, num_heads: int,
@@ -71,8 +73,8 @@ def _block(x, index: int, num_heads: int, mlp_width: int, dropout: float, *,
     width = x.shape[-1]
     name = f"block_{index}"
     y = layers.LayerNormalization(epsilon=1e-5, name=f"{name}_attention_norm")(x)
-    y = layers.MultiHeadAttention(num_heads, width // num_heads, dropout=dropout,
-                                  name=f"{name}_attention")(
+    y = attention_class()(num_heads, width // num_heads, dropout=dropout,
+                          name=f"{name}_attention")(
         y, y, attention_mask=attention_mask, use_causal_mask=causal)
     x = layers.Add(name=f"{name}_attention_residual")([x, y])
     y = layers.LayerNormalization(epsilon=1e-5, name=f"{name}_mlp_norm")(x)
@@ -101,8 +103,8 @@ def recomputed_block_class():
         def build(self, input_shape):
             layers, width = keras.layers, int(input_shape[-1])
             self.attention_norm = layers.LayerNormalization(epsilon=1e-5, name="attention_norm")
-            self.attention = layers.MultiHeadAttention(self.num_heads, width // self.num_heads,
-                                                       name="attention")
+            self.attention = attention_class()(self.num_heads, width // self.num_heads,
+                                               name="attention")
             self.mlp_norm = layers.LayerNormalization(epsilon=1e-5, name="mlp_norm")
             self.mlp_in = layers.Dense(self.mlp_width, activation="gelu", name="mlp_in")
             self.mlp_out = layers.Dense(width, name="mlp_out")

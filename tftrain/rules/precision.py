@@ -3,11 +3,13 @@
 TPU: `mixed_bfloat16` (or `auto`, which becomes it) is the native format; `float32` works but
 is about half as fast; `mixed_float16` is an error: TPUs have no fast float16 (use bfloat16,
 which needs no loss scaling). GPU: `mixed_float16` (or `auto`) uses the tensor cores;
-`mixed_bfloat16` is fast only from Ampere (compute capability 8.0) on. CPU: `float32`.
+`mixed_bfloat16` is fast only from Ampere (compute capability 8.0) on. CPU: `float32`, or a
+mixed policy on a CPU with 16-bit matmul units and without XLA (see `_cpu`).
 Config only, no TensorFlow.
 """
 from __future__ import annotations
 
+from tftrain import host
 from tftrain.rules.report import ADVICE, ERROR, OK, Finding, Target
 
 FAMILY = "precision"
@@ -51,8 +53,42 @@ def check(config, target: Target) -> list[Finding]:
                             "on pre-Ampere GPUs use mixed_float16")]
         return [Finding(ADVICE, FAMILY, f"{key} on GPU: the tensor cores stay idle",
                         "runtime.mixed_precision=mixed_float16 (or auto) is typically 2-3x faster")]
+    return _cpu(config, key, resolved, policy, target)
+
+
+def _cpu(config, key: str, resolved: str, policy: str, target: Target) -> list[Finding]:
+    """CPU: a mixed policy pays only with 16-bit matmul units (AMX, AVX512-BF16/FP16: a CPU
+    target is this host, whose flags say), and only without XLA, whose CPU backend does not use
+    them (bench/precision.py: bfloat16 matmuls 3.65x float32 through oneDNN, 1.04x through XLA
+    on an AMX CPU)."""
+    here = target.kind == "cpu"
+    units = host.low_precision_units(policy if policy != "float32" else "mixed_bfloat16")
     if policy == "float32":
+        if here and units:
+            return [Finding(ADVICE, FAMILY, f"{key}{resolved}: float32 leaves this CPU's "
+                            f"bfloat16 units idle ({', '.join(units)}: {host.cpu_name()})",
+                            "runtime.mixed_precision=mixed_bfloat16 (bench/precision.py: up "
+                            "to 3-4x faster matmuls on such CPUs)")]
         return [Finding(OK, FAMILY, f"{key}{resolved}: float32 on CPU")]
-    return [Finding(ADVICE, FAMILY, f"{key} on CPU: runs, but is faster only on CPUs with "
-                    "bfloat16/float16 units (e.g. AMX); elsewhere it is emulated",
-                    "runtime.mixed_precision=float32 unless this CPU has them")]
+    findings = []
+    if not here:
+        findings.append(Finding(ADVICE, FAMILY, f"{key} on CPU workers: faster only where they "
+                                "have 16-bit matmul units (AMX, AVX512-BF16); elsewhere it is "
+                                "converted and no faster", "runtime.mixed_precision=float32 "
+                                "unless the workers' CPUs have them"))
+    elif units:
+        findings.append(Finding(OK, FAMILY, f"{key}: this CPU's 16-bit matmul units "
+                                f"({', '.join(units)}) run it through oneDNN"))
+    else:
+        wanted = " or ".join(host.LOW_PRECISION_UNITS[policy])
+        findings.append(Finding(ADVICE, FAMILY, f"{key}: this CPU ({host.cpu_name()}) has no "
+                                f"16-bit matmul units ({wanted}): "
+                                "its matmuls are converted and run no faster than float32 "
+                                "(bench/precision.py)", "runtime.mixed_precision=float32"))
+    if config.runtime.jit_compile == "true":
+        findings.append(Finding(ADVICE, FAMILY, f"{key} with runtime.jit_compile=true on CPU: "
+                                "XLA's CPU backend does not use the 16-bit matmul units that "
+                                "oneDNN uses (bfloat16 matmuls 1.04x float32 through XLA, 3.65x "
+                                "through oneDNN on an AMX CPU)", "runtime.jit_compile=auto (no "
+                                "XLA on CPU)"))
+    return findings

@@ -1,0 +1,93 @@
+"""Multi-head attention whose products are matrix multiplications, not einsums.
+
+tf_keras's MultiHeadAttention projects with `EinsumDense` and multiplies queries, keys and values
+with `tf.einsum`. On CPUs TensorFlow's Einsum kernel is slower than MatMul / BatchMatMulV2 on the
+same shapes, and in bfloat16 it has no fast kernel at all (measured here, AVX2: a
+[8, 256, 512] x [512, 8, 64] projection takes 716 ms as a bfloat16 einsum and 48 ms as a
+bfloat16 MatMul; `bench/precision.py` shows it in a whole step), which erased mixed precision's
+speed-up in the Transformers. `MatmulAttention` is that layer with the same weights (names,
+shapes, checkpoint paths), the same masks and the same results, computed as reshaped MatMuls
+(the projections) and BatchMatMulV2 (scores and the weighted sum of values).
+"""
+from __future__ import annotations
+
+import functools
+import math
+import re
+
+
+def _contraction(equation: str) -> int | None:
+    """How many trailing input dims `equation` contracts with the kernel's leading dims, when
+    the einsum is that plain product (`abc,cde->abde`, `abcd,cde->abe`); None otherwise."""
+    match = re.fullmatch(r"([a-z]+),([a-z]+)->([a-z]+)", equation)
+    if not match:
+        return None
+    inputs, kernel, output = match.groups()
+    contracted = "".join(c for c in inputs if c in kernel and c not in output)
+    count = len(contracted)
+    if not count or not inputs.endswith(contracted) or not kernel.startswith(contracted):
+        return None
+    if output != inputs[:-count] + kernel[count:]:
+        return None
+    return count
+
+
+@functools.cache
+def projection_class():
+    """`MatmulProjection`: an `EinsumDense` computed as one MatMul (defined once, on first use:
+    this module imports tf_keras lazily)."""
+    import tensorflow as tf
+    import tf_keras as keras
+
+    @keras.saving.register_keras_serializable(package="tftrain")
+    class MatmulProjection(keras.layers.EinsumDense):
+        """`EinsumDense` whose product, when it is a plain contraction of the input's last dims
+        with the kernel's first ones, runs as [positions, in] x [in, out] MatMul."""
+
+        def call(self, inputs):
+            count = _contraction(self.equation)
+            if count is None:
+                return super().call(inputs)
+            kernel = tf.convert_to_tensor(self.kernel)
+            contracted = math.prod(int(d) for d in self.kernel.shape[:count])
+            flat = tf.reshape(inputs, [-1, contracted]) @ tf.reshape(kernel, [contracted, -1])
+            outer = tf.shape(inputs)[:-count]
+            result = tf.reshape(flat, tf.concat([outer, tf.shape(kernel)[count:]], 0))
+            if self.bias is not None:
+                result += self.bias
+            return self.activation(result) if self.activation is not None else result
+
+    return MatmulProjection
+
+
+@functools.cache
+def attention_class():
+    """`MatmulAttention` (defined and registered for loading once, on first use)."""
+    import tensorflow as tf
+    import tf_keras as keras
+
+    projection = projection_class()
+
+    @keras.saving.register_keras_serializable(package="tftrain")
+    class MatmulAttention(keras.layers.MultiHeadAttention):
+        """tf_keras `MultiHeadAttention` computed with MatMul and BatchMatMulV2 (see the
+        module's docstring); its config, weights and outputs are the parent's."""
+
+        def _build_from_signature(self, query, value, key=None):
+            super()._build_from_signature(query, value, key)
+            for name in ("_query_dense", "_key_dense", "_value_dense", "_output_dense"):
+                setattr(self, name, projection.from_config(getattr(self, name).get_config()))
+
+        def _compute_attention(self, query, key, value, attention_mask=None, training=None):
+            if query.shape.rank != 4 or self._attention_axes != (1,):
+                return super()._compute_attention(query, key, value, attention_mask, training)
+            query = tf.multiply(query, 1.0 / math.sqrt(float(self._key_dim)))
+            heads_first = [0, 2, 1, 3]  # [B, T, N, H] -> [B, N, T, H]
+            scores = tf.matmul(tf.transpose(query, heads_first), tf.transpose(key, heads_first),
+                               transpose_b=True)  # [B, N, T, S]
+            scores = self._masked_softmax(scores, attention_mask)
+            dropped = self._dropout_layer(scores, training=training)
+            output = tf.matmul(dropped, tf.transpose(value, heads_first))  # [B, N, T, H]
+            return tf.transpose(output, heads_first), scores
+
+    return MatmulAttention
