@@ -77,3 +77,20 @@ def test_a_bf16_transformer_lm_step_has_no_einsum_and_multiplies_in_bf16(remat):
     float32 = [op.name for op in products if op.get_attr("T") != tf.bfloat16]
     assert len(products) > 12 * 2  # each block's 6 projections and 2 attention products, twice
     assert float32 and all("logits" in name for name in float32)  # the head only (the loss's)
+
+
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_the_text_classifier_builds_and_steps_under_a_mixed_policy(policy):
+    keras.mixed_precision.set_global_policy(policy)  # it failed to build: a bf16 x float32 Mul
+    try:
+        model = models.build_model(
+            "transformer", {"width": 32, "num_layers": 1, "num_heads": 4, "mlp_width": 64},
+            (16,), 3, {"vocab_size": 50, "sequence_length": 16})
+        model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True))
+        ids = np.random.default_rng(0).integers(0, 50, size=(8, 16)).astype("int32")
+        ids[:, 10:] = 0  # padding
+        history = model.fit(ids, np.arange(8) % 3, epochs=1, verbose=0)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+    assert model.output.dtype == tf.float32 and np.isfinite(history.history["loss"][0])

@@ -195,6 +195,8 @@ def transformer(input_shape, outputs, vocab_size=None, sequence_length=None, wid
     x = _blocks(x, num_layers, num_heads, mlp_width, dropout, remat,
                 attention_mask=attention_mask)
     x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_norm")(x)
+    if x.dtype != tf.float32:  # a mixed policy: pool the bf16/fp16 features in float32
+        x = tf.cast(x, tf.float32)
     weights = present[:, :, tf.newaxis]
     pooled = tf.reduce_sum(x * weights, axis=1) / tf.maximum(tf.reduce_sum(weights, axis=1), 1.0)
     if dropout:
