@@ -2,10 +2,10 @@
 
 tf_keras's MultiHeadAttention projects with `EinsumDense` and multiplies queries, keys and values
 with `tf.einsum`. On CPUs TensorFlow's Einsum kernel is slower than MatMul / BatchMatMulV2 on the
-same shapes, and in bfloat16 it has no fast kernel at all (measured here, AVX2: a
-[8, 256, 512] x [512, 8, 64] projection takes 716 ms as a bfloat16 einsum and 48 ms as a
-bfloat16 MatMul; `bench/precision.py` shows it in a whole step), which erased mixed precision's
-speed-up in the Transformers. `MatmulAttention` is that layer with the same weights (names,
+same shapes, and in bfloat16 it has no fast kernel (on an AVX2 VM under load a
+[8, 256, 512] x [512, 8, 64] projection took 716 ms as a bfloat16 einsum and 48 ms as a
+bfloat16 MatMul; `bench/precision.py` measures whole steps), while MatMul is the op whose
+bfloat16 kernel uses AMX and AVX512-BF16 units through oneDNN. `MatmulAttention` is that layer with the same weights (names,
 shapes, checkpoint paths), the same masks and the same results, computed as reshaped MatMuls
 (the projections) and BatchMatMulV2 (scores and the weighted sum of values).
 """
