@@ -128,14 +128,19 @@ def test_what_holds_a_cpu_runs_precision_down_follows_its_16_bit_units(monkeypat
     from tftrain import host
     from tftrain.doctor import precision_holds
 
+    def holds(overrides, policy, device="CPU"):
+        config = config_lib.build_config("digits", {}, ",".join(overrides))
+        return precision_holds(config, policy, device)
+
     monkeypatch.setattr(host, "cpu_flags", lambda: {"avx2", "fma"})  # this VM's kind of CPU
-    (held,) = precision_holds("mixed_bfloat16", "CPU", jit=False)
-    assert "without 16-bit matmul units" in held and "mixed_precision=float32" in held
-    assert precision_holds("float32", "CPU", jit=True) == []
+    (held,) = holds(["runtime.mixed_precision=mixed_bfloat16"], "mixed_bfloat16")
+    assert "no 16-bit matmul units" in held and "mixed_precision=float32" in held
+    assert holds(["runtime.jit_compile=true"], "float32") == []
     monkeypatch.setattr(host, "cpu_flags", lambda: {"avx512_bf16", "amx_bf16"})  # an AMX CPU
-    (idle,) = precision_holds("float32", "CPU", jit=False)
+    (idle,) = holds([], "float32")
     assert "idle" in idle and "amx_bf16" in idle
-    assert precision_holds("mixed_bfloat16", "CPU", jit=False) == []
-    (xla,) = precision_holds("mixed_bfloat16", "CPU", jit=True)
+    assert holds(["runtime.mixed_precision=mixed_bfloat16"], "mixed_bfloat16") == []
+    (xla,) = holds(["runtime.mixed_precision=mixed_bfloat16", "runtime.jit_compile=true"],
+                   "mixed_bfloat16")
     assert "XLA" in xla and "jit_compile=auto" in xla
-    assert precision_holds("float32", "GPU", jit=False)[0].startswith("precision: float32")
+    assert holds([], "float32", "GPU")[0].startswith("precision: float32")

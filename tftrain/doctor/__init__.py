@@ -78,7 +78,7 @@ def run(config, steps: int = DEFAULT_STEPS, convert_data: bool = True) -> dict:
         "suggestions": [advice.suggestion_json(s) for s in advice.choose(tried, text, whys)],
         "utilization": utilization(usage, rates, verdict, run_.policy, backend.device_type,
                                    examples, config.train.steps_per_execution,
-                                   jit=bool(run_.trainer.jit_compile)),
+                                   precision_holds(config, run_.policy, backend.device_type)),
     }
 
 
@@ -86,27 +86,22 @@ SMALL_STEP_FLOPS = 1e9  # below this a step's matmuls are too small to keep a de
 SHORT_STEP_SECONDS = 0.005  # below this per step, Python and the launch of each step weigh
 
 
-def precision_holds(policy: str, device_type: str, jit: bool) -> list[str]:
-    """How the precision (and XLA, on a CPU) holds the matmuls below what the device offers."""
-    from tftrain import host
+def precision_holds(config, policy: str, device_type: str) -> list[str]:
+    """How the precision (and XLA, on a CPU) holds the matmuls below what the device offers:
+    on a CPU, the advice `tftrain check` gives for this host (`rules.precision`)."""
+    from tftrain.rules import precision
+    from tftrain.rules.report import ADVICE, Target
 
     if device_type in ("GPU", "TPU"):
         return [f"precision: float32 leaves the {device_type}'s 16-bit matmul units idle "
                 "(runtime.mixed_precision=auto)"] if policy == "float32" else []
-    units = host.low_precision_units("mixed_bfloat16" if policy == "float32" else policy)
-    if policy == "float32":
-        return [f"precision: float32 leaves this CPU's bfloat16 units ({', '.join(units)}) "
-                "idle (runtime.mixed_precision=mixed_bfloat16)"] if units else []
-    if not units:
-        return [f"precision: {policy} on a CPU without 16-bit matmul units "
-                f"({host.cpu_name()}) is converted and no faster than float32 "
-                "(runtime.mixed_precision=float32)"]
-    return ["precision: XLA's CPU backend does not use this CPU's 16-bit matmul units "
-            "(runtime.jit_compile=auto)"] if jit else []
+    return [f"precision: {finding.what} ({finding.fix})"
+            for finding in precision.check(config, Target("cpu", 1))
+            if finding.status == ADVICE]
 
 
 def utilization(usage, rates, verdict: str, policy: str, device_type: str, examples: int,
-                steps_per_execution: int, *, jit: bool = False) -> dict:
+                steps_per_execution: int, precision_held: list[str] = ()) -> dict:
     """MFU of the run (input + model) and of the model alone, and what holds it down."""
     from tftrain.doctor import advice
 
@@ -115,7 +110,7 @@ def utilization(usage, rates, verdict: str, policy: str, device_type: str, examp
     held = []
     if verdict == advice.INPUT_BOUND:
         held.append(f"input: the step waits on input {rates.input_wait:.0%} of its time")
-    held += precision_holds(policy, device_type, jit)
+    held += precision_held
     if step_flops < SMALL_STEP_FLOPS:
         held.append(f"small matmuls: {step_flops / 1e6:,.1f} MFLOP per step; a larger "
                     "data.batch_size or model keeps the device busier")

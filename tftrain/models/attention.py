@@ -5,9 +5,10 @@ with `tf.einsum`. On CPUs TensorFlow's Einsum kernel is slower than MatMul / Bat
 same shapes, and in bfloat16 it has no fast kernel (on an AVX2 VM under load a
 [8, 256, 512] x [512, 8, 64] projection took 716 ms as a bfloat16 einsum and 48 ms as a
 bfloat16 MatMul; `bench/precision.py` measures whole steps), while MatMul is the op whose
-bfloat16 kernel uses AMX and AVX512-BF16 units through oneDNN. `MatmulAttention` is that layer with the same weights (names,
-shapes, checkpoint paths), the same masks and the same results, computed as reshaped MatMuls
-(the projections) and BatchMatMulV2 (scores and the weighted sum of values).
+bfloat16 kernel uses AMX and AVX512-BF16 units through oneDNN. `MatmulAttention` is that layer
+with the same weights (names, shapes, checkpoint paths), the same masks and the same results,
+computed as reshaped MatMuls (the projections) and BatchMatMulV2 (scores and the weighted sum
+of values).
 """
 from __future__ import annotations
 
