@@ -12,12 +12,23 @@ from tftrain.errors import ConfigError, TftrainError
 
 def test_factory_builds_each_local_strategy():
     one = distribute.create_strategy(RuntimeConfig(strategy="one_device"))
-    assert isinstance(one, tf.distribute.OneDeviceStrategy) and one.num_replicas_in_sync == 1
+    assert one.num_replicas_in_sync == 1 and distribute.strategy_name(one) == "one_device"
     auto = distribute.create_strategy(RuntimeConfig(strategy="auto"))  # no GPU, no TPU here
     assert distribute.strategy_name(auto) == "one_device"
     mirrored = distribute.create_strategy(RuntimeConfig(strategy="mirrored", cpu_devices=2))
     assert isinstance(mirrored, tf.distribute.MirroredStrategy)
     assert mirrored.num_replicas_in_sync == 2
+
+
+def test_one_device_on_a_cpu_host_reads_the_dataset_directly(digits_dir):
+    """No GPU: one_device is TensorFlow's default strategy, so the training input stays a plain
+    tf.data.Dataset (a OneDeviceStrategy's distributed iterator slows every op of the step)."""
+    from tftrain.data import reader
+
+    one = distribute.create_strategy(RuntimeConfig(strategy="one_device"))
+    dataset = reader.load_distributed(one, digits_dir, "train", 32, training=True, repeat=True)
+    assert isinstance(dataset, tf.data.Dataset)
+    assert one.experimental_distribute_dataset(dataset) is dataset  # what Keras `fit` does
 
 
 def test_factory_errors_are_clear(monkeypatch):
