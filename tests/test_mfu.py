@@ -70,3 +70,30 @@ def test_published_peaks_follow_the_precision():
     assert peak_flops.device_peak("GPU", "float32", gpu_name="NVIDIA H100 80GB HBM3")[0] == 494.7e12
     assert peak_flops.device_peak("TPU", "mixed_bfloat16", tpu_type="v5e")[0] == 197e12
     assert peak_flops.device_peak("GPU", "float32", gpu_name="Mystery GPU")[0] is None
+
+
+def test_a_cpu_peak_measured_under_load_is_raised_when_a_run_computes_faster(tmp_path,
+                                                                             monkeypatch):
+    """A cached peak below what a run achieved was measured under load: it is measured again
+    and raised to at least the run's rate, so MFU stays at most 100%."""
+    from tftrain.engine.utilization import Utilization
+    from tftrain.runtime import peak_flops
+
+    monkeypatch.setenv("TFTRAIN_CACHE_DIR", str(tmp_path))
+    real = peak_flops.measure_matmul
+    monkeypatch.setattr(peak_flops, "measure_matmul",
+                        lambda dtype: real(dtype, size=256, seconds=0.05))
+    quiet = peak_flops.cpu_peak("float32")
+    _, key, path = peak_flops._cache_entry("float32")
+    with open(path, "w", encoding="utf-8") as f:  # as if measured while neighbours were busy
+        json.dump({key: quiet / 100}, f)
+    usage = Utilization(1_000_000, quiet / 100, "measured", 1, "float32", measured_here=True)
+    examples_per_second = quiet / 50 / 1_000_000  # twice the loaded peak
+    assert usage.mfu(examples_per_second) == pytest.approx(2.0)
+    confirmed = usage.confirmed(examples_per_second)
+    assert confirmed.peak_flops_per_second >= quiet / 50
+    assert confirmed.mfu(examples_per_second) <= 1.0
+    assert peak_flops.cpu_peak("float32") == confirmed.peak_flops_per_second  # cached
+    assert usage.confirmed(examples_per_second / 4) is usage  # below the peak: kept as it is
+    published = Utilization(1_000_000, 1e6, "published peak of a TPU v4", 4, "float32")
+    assert published.confirmed(examples_per_second) is published  # never re-measured

@@ -105,6 +105,7 @@ def utilization(usage, rates, verdict: str, policy: str, device_type: str, examp
     """MFU of the run (input + model) and of the model alone, and what holds it down."""
     from tftrain.doctor import advice
 
+    usage = usage.confirmed(max(rates.combined, rates.model_alone))
     step_flops = usage.model_flops_per_example * examples
     step_seconds = examples / rates.model_alone
     held = []

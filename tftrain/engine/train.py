@@ -114,6 +114,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     export_dir = backend.export_dir(join(model_dir, run_dir.EXPORT))
     export(model, export_dir, config.data, run_.manifest)
     cluster.cleanup(export_dir, join(model_dir, run_dir.EXPORT))
+    rate = timer.examples_per_second() if timer.timed else None
     summary = RunSummary(
         model_dir=model_dir, data_dir=config.data.dir, task=run_.task.resolved(),
         parameters=int(model.count_params()),
@@ -125,8 +126,8 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         mixed_precision=run_.policy, grad_accum_steps=config.train.grad_accum_steps,
         resumed_from=list(backup.resumed_at) if backup.resumed_at else None,
         seconds_per_step=timer.seconds_per_step() if timer.timed else None,
-        examples_per_second=timer.examples_per_second() if timer.timed else None,
-        utilization=usage.summary(timer.examples_per_second() if timer.timed else None),
+        examples_per_second=rate,
+        utilization=usage.confirmed(rate).summary(rate),
         rollbacks=divergence.rollbacks_of(callbacks),  # by the guard, train.on_nan=rollback
         restarts=launch.restart_summary(),  # restarts by `tftrain launch --max_restarts`
         backend=backend.summary(trainer),  # strategy, replicas, workers, XLA; DTensor's mesh

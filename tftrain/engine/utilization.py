@@ -23,6 +23,8 @@ class Utilization:
     peak_flops_per_second: float | None  # all the run's devices together
     peak_source: str
     devices: int
+    precision: str = "float32"
+    measured_here: bool = False  # the peak is this CPU's measurement (not a published one)
 
     @classmethod
     def of(cls, model, backend, policy: str) -> "Utilization":
@@ -33,7 +35,19 @@ class Utilization:
             tpu_type=hardware.tpu_from_environment()[0] if backend.device_type == "TPU" else "")
         devices = 1 if backend.device_type == "CPU" else backend.num_devices
         return cls(flops_lib.training_flops_per_example(model),
-                   per_device * devices if per_device else None, source, devices)
+                   per_device * devices if per_device else None, source, devices,
+                   policy, backend.device_type == "CPU")
+
+    def confirmed(self, examples_per_second: float | None) -> "Utilization":
+        """This, with a CPU peak that a run at `examples_per_second` did not exceed: one that
+        it did was measured under load, and is measured again (`peak_flops.raise_cpu_peak`)."""
+        if not (self.measured_here and examples_per_second and self.peak_flops_per_second):
+            return self
+        achieved = self.model_flops_per_example * examples_per_second
+        if achieved <= self.peak_flops_per_second:
+            return self
+        return dataclasses.replace(
+            self, peak_flops_per_second=peak_flops.raise_cpu_peak(self.precision, achieved))
 
     def mfu(self, examples_per_second: float) -> float | None:
         """The achieved model FLOP/s over the peak (None when the peak is unknown)."""
