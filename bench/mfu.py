@@ -129,7 +129,8 @@ def main() -> None:
              f"{loop['examples_per_second']:.1f}", f"{100 * loop['mfu']:.2f}%",
              f"{loop['examples_per_second'] / summary['examples_per_second']:.2f}x"]]
     print(f"transformer_lm width {options.width}, {options.num_layers} blocks, 128 tokens, batch "
-          f"{options.batch_size}, Adam, float32, {options.steps} steps (the second half timed), best of {options.rounds} rounds; "
+          f"{options.batch_size}, Adam, float32, {options.steps} steps (the second half timed), "
+          f"best of {options.rounds} rounds; "
           f"{summary['model_flops_per_example'] / 1e9:.2f} GFLOP per example; peak "
           f"{summary['peak_flops_per_second'] / 1e9:.1f} GFLOP/s ({summary['peak_source']})\n")
     print(markdown_table(["run", "parameters", "examples/s", "MFU", "vs tftrain"], rows))
