@@ -55,7 +55,8 @@ def create_strategy(runtime: RuntimeConfig) -> tf.distribute.Strategy:
         "multi_worker_mirrored": _multi_worker_mirrored,
         "tpu": _tpu,
     }[name](runtime)
-    logging.info("strategy %s with %d replica(s)", type(strategy).__name__, strategy.num_replicas_in_sync)
+    logging.info("strategy %s (%s) with %d replica(s)", strategy_name(strategy),
+                 type(strategy).__name__, strategy.num_replicas_in_sync)
     return strategy
 
 
