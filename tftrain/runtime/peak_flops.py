@@ -7,8 +7,8 @@ float16). CPUs: measured, a square matmul timed for a moment on this host in the
 precision, and cached per host (CPU model, cores, precision, TensorFlow version) in
 `~/.cache/tftrain/peak_flops.json` (`TFTRAIN_CACHE_DIR` moves it), so it is paid once.
 
-A shared host's neighbours can halve a measurement (seen: 30 against 64 GFLOP/s quiet), and a
-low peak would stay cached. So the cached peak is the most this host has shown: when a run
+A shared host's neighbours can halve a measurement (seen: 30 and 64 against 78-84 GFLOP/s quiet),
+and a low peak would stay cached. So the cached peak is the most this host has shown: when a run
 computes faster than it (`raise_cpu_peak`), the matmul is timed again and the cache keeps the
 larger of the two measurements and the run's own rate. MFU therefore never exceeds 100%.
 """
