@@ -74,7 +74,7 @@ rate = (args["steps"] - warmup) * args["batch_size"] / seconds
 per_example = flops.training_flops_per_example(model)
 peak = peak_flops.cpu_peak("float32")
 print("RESULT " + json.dumps({"examples_per_second": rate, "parameters": model.count_params(),
-                              "mfu": per_example * rate / peak,
+                              "mfu": per_example * rate / peak, "peak_flops_per_second": peak,
                               "model_flops_per_example": per_example}))
 '''
 
@@ -125,9 +125,7 @@ def main() -> None:
     loop = max(loops, key=lambda s: s["examples_per_second"])
     # One peak for both: the highest any run saw (a run that computed faster than the cached
     # peak raised it, see runtime.peak_flops).
-    peak = max([s["peak_flops_per_second"] for s in summaries]
-               + [x["model_flops_per_example"] * x["examples_per_second"] / x["mfu"]
-                  for x in loops])
+    peak = max(x["peak_flops_per_second"] for x in summaries + loops)
     rows = [[name, f"{x['parameters']:,}", f"{x['examples_per_second']:.2f}",
              f"{100 * x['model_flops_per_example'] * x['examples_per_second'] / peak:.1f}%",
              f"{x['examples_per_second'] / summary['examples_per_second']:.2f}x"]
