@@ -12,17 +12,20 @@ trains on the same batches twice, each in its own process:
 - a plain loop: `tftrain.data.load` for the batches, a `tf.function` step with a
   `GradientTape` and `apply_gradients`, timed over the same number of steps after a warm-up.
 
-The two alternate for `--rounds` rounds and each reports its best round: a shared machine's
-neighbours slow one process now and then (a whole run at half speed has been seen), and the
-best round is the one least disturbed. MFU for both is the model's FLOPs per example (counted
-from its layers) x examples/s over this host's measured matmul peak. Prints the CPU, every
-round and the table.
+The two alternate for `--rounds` rounds (which goes first alternates too) and each reports its
+best round: a shared machine's neighbours slow one process now and then (a whole run at half
+speed has been seen), and the best round is the one least disturbed; the median of the rounds'
+own ratios is printed beside it. MFU for both is the model's FLOPs per example (counted from
+its layers) x examples/s over this host's matmul peak, timed again at the start (the cache
+keeps the most this host has shown, see `runtime.peak_flops`). Prints the CPU, every round and
+the table.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,6 +37,15 @@ from bench.big_data import TFTRAIN  # noqa: E402
 from bench.child import run_child  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
 from tftrain.host import cpu_name  # noqa: E402
+
+PEAK = r'''
+import json
+import tftrain  # noqa: F401
+from tftrain.runtime import peak_flops
+
+peak = peak_flops.raise_cpu_peak("float32", peak_flops.measure_matmul("float32"))
+print("RESULT " + json.dumps({"peak_flops_per_second": peak}))
+'''
 
 LOOP = r'''
 import json, sys, time
@@ -72,7 +84,7 @@ loss.numpy()
 seconds = time.perf_counter() - started
 rate = (args["steps"] - warmup) * args["batch_size"] / seconds
 per_example = flops.training_flops_per_example(model)
-peak = peak_flops.cpu_peak("float32")
+peak = peak_flops.raise_cpu_peak("float32", per_example * rate)  # as `tftrain train` does
 print("RESULT " + json.dumps({"examples_per_second": rate, "parameters": model.count_params(),
                               "mfu": per_example * rate / peak, "peak_flops_per_second": peak,
                               "model_flops_per_example": per_example}))
@@ -115,12 +127,19 @@ def main() -> None:
             "batch_size": options.batch_size, "steps": options.steps, "learning_rate": 3e-4}
     with tempfile.TemporaryDirectory() as directory:
         args["data"] = convert(directory)
-        summaries, loops = [], []
+        print(f"matmul peak now: {run_child(PEAK, {})['peak_flops_per_second'] / 1e9:.1f} "
+              "GFLOP/s", flush=True)
+        summaries, loops, ratios = [], [], []
         for round_ in range(options.rounds):
+            if round_ % 2:  # the loop first
+                loops.append(run_child(LOOP, args))
             summaries.append(tftrain_run(directory, args["data"], args, f"run{round_}"))
-            loops.append(run_child(LOOP, args))
+            if not round_ % 2:
+                loops.append(run_child(LOOP, args))
+            ratios.append(summaries[-1]["examples_per_second"] / loops[-1]["examples_per_second"])
             print(f"round {round_ + 1}: tftrain {summaries[-1]['examples_per_second']:.2f}, "
-                  f"loop {loops[-1]['examples_per_second']:.2f} examples/s", flush=True)
+                  f"loop {loops[-1]['examples_per_second']:.2f} examples/s "
+                  f"(tftrain/loop {ratios[-1]:.3f})", flush=True)
     summary = max(summaries, key=lambda s: s["examples_per_second"])
     loop = max(loops, key=lambda s: s["examples_per_second"])
     # One peak for both: the highest any run saw (a run that computed faster than the cached
@@ -134,7 +153,8 @@ def main() -> None:
           f"{options.batch_size}, Adam, float32, {options.steps} steps (the second half timed), "
           f"best of {options.rounds} rounds; "
           f"{summary['model_flops_per_example'] / 1e9:.2f} GFLOP per example; peak "
-          f"{peak / 1e9:.1f} GFLOP/s ({summary['peak_source']})\n")
+          f"{peak / 1e9:.1f} GFLOP/s ({summary['peak_source']}); median of the rounds' "
+          f"tftrain/loop ratios {statistics.median(ratios):.3f}\n")
     print(markdown_table(["run", "parameters", "examples/s", "MFU", "vs tftrain"], rows))
 
 
