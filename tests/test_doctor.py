@@ -1,44 +1,50 @@
-"""`tftrain doctor`: an input-bound run (large noise PNGs, a tiny model) and a compute-bound one
-(a 64-filter CNN on cached digits), each measured for real; the suggested fix is applied and must
-really speed up the doctor's own input-alone measurement. Only ratios with wide margins are
-asserted: the machine is shared.
+"""`tftrain doctor`: an input-bound run (a tiny model on examples whose decoding is a fixed,
+large amount of work) and a compute-bound one (a 64-filter CNN on cached digits), each measured
+for real. Each is built lopsided (the slow part costs many times the rest), and the test checks
+what the doctor concludes from its measurements (the verdict, the costliest stage, the suggested
+fix) and relations that hold by construction; never a speed ratio, which depends on the load of
+the (shared) machine.
 """
 import json
 
-import numpy as np
 import pytest
+import tensorflow as tf
 
+from tests import test_convert
 from tftrain import config as config_lib
 from tftrain.doctor import advice, measure
 
 STEPS = 30
-NOISE_SIZE = 160
-TRAINED_SIZE = 32
+SIZE = 64  # decoded examples are SIZE x SIZE x 1 images ...
+WORK_MATMULS = 64  # ... computed by this many SIZE x SIZE matrix products each
+
+
+class Pipeline(test_convert.Pipeline):
+    """test_convert's rows (a number and a label: tiny records, cheap to read and parse),
+    decoded by a fixed amount of work, WORK_MATMULS matrix products per example, into an image
+    (`data.pipeline=tests.test_doctor`). Decoding costs many times reading and parsing, and
+    many times a step of `pooled` per example; keeping the decoded examples in memory
+    (data.cache=decoded) skips all of it."""
+
+    name = "tests.test_doctor"
+
+    def decode(self, features, info):
+        x = tf.cast(features["x"], tf.float32)[:, None, None]
+        image = tf.ones([1, SIZE, SIZE]) * x / self.n  # [batch, SIZE, SIZE], values in [0, 1)
+        mean = tf.fill([SIZE, SIZE], 1.0 / SIZE)  # keeps the values where they are
+        for _ in range(WORK_MATMULS):
+            image = tf.linalg.matmul(image, mean)
+        return image[..., None], features["label"]
 
 
 @pytest.fixture(scope="module")
-def noise_pngs(tmp_path_factory):
-    """160 random-noise 160x160 RGB PNGs in two classes, converted by the image_folder pipeline
-    to be trained on at 32x32 (stored large, trained small, as photos often are).
-
-    Noise does not compress, so each image is ~77 KB of PNG: decoding and resizing it dominate
-    the input, while its decoded 32x32 copy is small to keep in memory.
-    """
-    from PIL import Image
-
-    from pipelines import load_pipeline
+def costly_decode(tmp_path_factory):
+    """A dataset of 256 rows (~200 to train on) of `Pipeline`."""
     from tftrain.data.writer import write_dataset
 
-    root = tmp_path_factory.mktemp("noise")
-    rng = np.random.default_rng(0)
-    for index in range(160):
-        folder = root / "images" / ("a" if index % 2 else "b")
-        folder.mkdir(parents=True, exist_ok=True)
-        pixels = rng.integers(0, 256, (NOISE_SIZE, NOISE_SIZE, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(folder / f"{index:03d}.png")
-    write_dataset(load_pipeline("image_folder", image_size=str(TRAINED_SIZE)), str(root / "images"),
-                  str(root / "data"))
-    return str(root / "data")
+    path = str(tmp_path_factory.mktemp("doctor") / "data")
+    write_dataset(Pipeline(n=256), "", path, workers=1)
+    return path
 
 
 def pooled(input_shape, outputs):
@@ -52,31 +58,41 @@ def pooled(input_shape, outputs):
         keras.layers.GlobalAveragePooling2D()(inputs)))
 
 
+def _config(overrides: str):
+    return config_lib.build_config("digits", {}, overrides)
+
+
 def _run(overrides: str):
     from tftrain import doctor
 
-    return doctor.run(config_lib.build_config("digits", {}, overrides), STEPS)
+    return doctor.run(_config(overrides), STEPS)
 
 
-def test_input_bound_run_gets_a_fix_that_really_speeds_up_its_input(noise_pngs):
-    overrides = (f"data.dir={noise_pngs},data.pipeline=image_folder,data.batch_size=32,"
-                 "data.shuffle_buffer=64,model.name=tests.test_doctor:pooled,model.params={}")
+def test_input_bound_run_names_decode_and_gets_the_cache_that_skips_it(costly_decode):
+    overrides = (f"data.dir={costly_decode},data.pipeline=tests.test_doctor,data.eval_split=test,"
+                 "data.batch_size=32,data.shuffle_buffer=64,model.name=tests.test_doctor:pooled,"
+                 "model.params={}")
     result = _run(overrides)
     rates = result["examples_per_second"]
     assert result["verdict"] == advice.INPUT_BOUND, rates
-    assert rates["model_alone"] >= 2 * rates["input_alone"], rates  # decoding is the limit
+    stages = {stage["name"]: stage for stage in result["stages"]}
+    assert list(stages) == ["read", "parse", "decode", "augment", "transfer"]
     assert result["costliest_stage"] == "decode", result["stages"]
+    assert sum(stage["share"] or 0 for stage in stages.values()) == pytest.approx(1)
     fix = result["suggestions"][0]
     assert fix["change"] == "data.cache=decoded" and fix["for_input"], result["suggestions"]
-    assert fix["speedup"] >= advice.HELPS
+    # The doctor tried it on the run's input alone, and suggests it for what it measured.
+    (cache,) = [t for t in result["tried"] if t["change"] == fix["change"]]
+    assert cache["measured"] == "input alone" and cache["before"] == rates["input_alone"]
+    assert fix["speedup"] == cache["speedup"] == cache["after"] / cache["before"] >= advice.HELPS
     # tf.data's autotuning off is tried too, and suggested exactly when it helped
     (autotune,) = [t for t in result["tried"] if t["change"] == advice.AUTOTUNE_OFF]
     suggested = [s for s in result["suggestions"] if s["change"] == advice.AUTOTUNE_OFF]
     assert bool(suggested) == (autotune["speedup"] >= advice.HELPS), result["tried"]
-
-    fixed = _run(f"{overrides},{fix['change']}")
-    assert fixed["examples_per_second"]["input_alone"] >= 2 * rates["input_alone"], (
-        fixed["examples_per_second"], rates)
+    # The change as written configures the very input the doctor measured it on.
+    fixed = _config(f"{overrides},{fix['change']}")
+    assert measure.training_kwargs(fixed) == measure.training_kwargs(_config(overrides),
+                                                                     cache="decoded")
 
 
 def test_compute_bound_run_says_so_and_suggests_nothing_for_the_input(digits_dir, tmp_path, cli,
@@ -90,15 +106,18 @@ def test_compute_bound_run_says_so_and_suggests_nothing_for_the_input(digits_dir
     result = json.loads(out.read_text())
     rates = result["examples_per_second"]
     assert result["verdict"] == advice.COMPUTE_BOUND, rates
-    assert rates["input_alone"] >= 3 * rates["model_alone"], rates
     assert not [s for s in result["suggestions"] if s["for_input"]], result["suggestions"]
     assert "verdict: compute-bound" in printed and "| input alone" in printed
     assert result["data_dir"] == digits_dir and result["steps"] == STEPS
+    assert result["input_wait"] == pytest.approx(
+        min(1, max(0, 1 - rates["combined"] / rates["model_alone"])))
     # MFU of the measured rates, and what holds it down (not the input: compute-bound).
     usage = result["utilization"]
-    assert usage["mfu"] == pytest.approx(usage["model_flops_per_example"] * rates["combined"]
-                                         / usage["peak_flops_per_second"], rel=1e-3)
-    assert 0 < usage["mfu"] <= usage["mfu_model_alone"] * 1.25 < 1.25
+    for mfu, rate in ((usage["mfu"], rates["combined"]),
+                      (usage["mfu_model_alone"], rates["model_alone"])):
+        assert mfu == pytest.approx(usage["model_flops_per_example"] * rate
+                                    / usage["peak_flops_per_second"], rel=1e-3)
+        assert 0 < mfu <= 1  # a CPU peak that a measured rate exceeds is measured again, raised
     assert not [why for why in usage["held_down_by"] if why.startswith("input")]
     assert "model FLOPs utilization: " in printed and "(model alone)" in printed
 

@@ -47,13 +47,16 @@ def test_a_failing_worker_ends_the_launch_with_its_last_lines(tmp_path):
 
 
 def test_timeout_stops_every_worker(tmp_path):
-    run = _launch(tmp_path, "--num_workers=2", "--timeout=15", "--grace=5", "--", *FOREVER)
+    # The workers run until stopped, so whenever the timeout passes (here while they may still be
+    # starting up) both are running: no need to wait for them, or for a longer timeout. Stopping
+    # started dispatchers is what test_a_signal_to_the_launcher_stops_all_workers shows.
+    run = _launch(tmp_path, "--num_workers=2", "--timeout=1", "--grace=5", "--", *FOREVER)
     try:
         code = run.wait(BOUND)
     finally:
         run.kill_all()
     assert code == 124, run.output
-    assert "[launch] timeout: --timeout=15s passed with worker(s) 0, 1 still running" in run.output
+    assert "[launch] timeout: --timeout=1s passed with worker(s) 0, 1 still running" in run.output
     assert "worker 0, last lines:" in run.output
     assert _wait_gone(run.worker_pids().values())
 

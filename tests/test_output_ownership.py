@@ -2,6 +2,7 @@
 export/, pruned/ and quantized/), and one tftrain command at a time writes into a run dir."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import yaml
 from tests.conftest import PYTHON, REPO
 from tests.test_convert import Pipeline, output_names
 from tftrain import config as config_lib
-from tftrain import ownership, run_dir
+from tftrain import dir_lock, ownership, run_dir
 from tftrain.engine import train
 from tftrain.data import inspection, shard_plan, writer
 from tftrain.data import manifest as manifest_lib
@@ -328,7 +329,8 @@ def test_only_the_chief_takes_the_run_lock(tmp_path):
     run_dir.finish(str(model_dir), {"epochs": 0})
 
 
-def test_a_second_train_into_the_same_model_dir_stops_at_once(tmp_path, digits_dir, cli, capsys):
+def test_a_second_train_into_the_same_model_dir_stops_at_once(tmp_path, digits_dir, cli, capsys,
+                                                                 monkeypatch):
     model_dir = tmp_path / "run"
     log = open(tmp_path / "first.log", "w")
     first = subprocess.Popen([TFTRAIN, "train", f"--model_dir={model_dir}",
@@ -340,13 +342,23 @@ def test_a_second_train_into_the_same_model_dir_stops_at_once(tmp_path, digits_d
             assert first.poll() is None and time.monotonic() < deadline, \
                 (tmp_path / "first.log").read_text()[-2000:]
             time.sleep(0.05)
-        started = time.monotonic()
-        assert cli("train", f"--model_dir={model_dir}", tiny_run_flags(digits_dir)) == 1
-        assert time.monotonic() - started < 30
+        # Every flock the second run makes on the run lock: one attempt that cannot wait.
+        attempts, real_flock = [], fcntl.flock
+
+        def flock(fd, operation):
+            path = os.readlink(f"/proc/self/fd/{fd if isinstance(fd, int) else fd.fileno()}")
+            if path == os.path.join(os.path.realpath(model_dir), dir_lock.RUN_LOCK):
+                attempts.append(operation)
+            return real_flock(fd, operation)
+
+        with monkeypatch.context() as patch:
+            patch.setattr(fcntl, "flock", flock)
+            assert cli("train", f"--model_dir={model_dir}", tiny_run_flags(digits_dir)) == 1
+        assert attempts == [fcntl.LOCK_EX | fcntl.LOCK_NB]
         line = one_error_line(capsys.readouterr().err)
         assert (f"another tftrain train (pid {first.pid} on {socket.gethostname()}) is writing "
                 f"into {model_dir}") in line
-        assert first.poll() is None  # the first run goes on
+        assert first.poll() is None  # the first run goes on: the second did not wait for it
     finally:
         stop(first)
         log.close()
