@@ -131,25 +131,30 @@ def test_precision_passes_bfloat16_on_tpu_and_advises_elsewhere():
     assert gpu.status == ADVICE and "Ampere" in gpu.what
 
 
-def test_precision_on_this_cpu_follows_its_16_bit_units():
+def test_precision_on_a_cpu_without_16_bit_units_advises_float32(monkeypatch):
     from tftrain import host
 
-    has_units = bool(host.low_precision_units("mixed_bfloat16"))
+    # The flags of an AVX2-only CPU, whatever this machine has: bf16 is converted, no faster.
+    monkeypatch.setattr(host, "cpu_flags", lambda: {"sse4_2", "avx", "avx2", "fma"})
+    assert host.low_precision_units("mixed_bfloat16") == []
     here = Target("cpu", 1)
     (bf16,) = precision.check(_config("runtime.mixed_precision=mixed_bfloat16"), here)
-    assert bf16.status == (OK if has_units else ADVICE)
-    if not has_units:  # this machine (an AVX2-only CPU here): bf16 is converted, no faster
-        assert "no 16-bit matmul units" in bf16.what and host.cpu_name() in bf16.what
-        assert bf16.fix == "runtime.mixed_precision=float32"
+    assert bf16.status == ADVICE
+    assert "no 16-bit matmul units (amx_bf16 or avx512_bf16)" in bf16.what
+    assert host.cpu_name() in bf16.what and host.cpu_name().endswith(" (avx2, fma)")
+    assert bf16.fix == "runtime.mixed_precision=float32"
+    (fp16,) = precision.check(_config("runtime.mixed_precision=mixed_float16"), here)
+    assert fp16.status == ADVICE and "(amx_fp16 or avx512_fp16)" in fp16.what
     (fp32,) = precision.check(_config(), here)
-    assert fp32.status == (ADVICE if has_units else OK)
+    assert fp32.status == OK and fp32.what.endswith("float32 on CPU")
 
 
 def test_precision_on_a_cpu_with_amx_advises_bf16_and_no_xla(monkeypatch):
     from tftrain import host
 
-    # The flags an AMX CPU (Sapphire Rapids) reports; this machine has none to run them.
+    # The flags an AMX CPU (Sapphire Rapids) reports, whatever this machine has.
     monkeypatch.setattr(host, "cpu_flags", lambda: {"avx512f", "avx512_bf16", "amx_bf16"})
+    assert host.low_precision_units("mixed_bfloat16") == ["amx_bf16", "avx512_bf16"]
     here = Target("cpu", 1)
     (fp32,) = precision.check(_config(), here)
     assert fp32.status == ADVICE and "amx_bf16" in fp32.what and "mixed_bfloat16" in fp32.fix

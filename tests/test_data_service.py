@@ -1,6 +1,8 @@
 """tf.data service on loopback: a dispatcher and a worker started with `tftrain data_service`,
 and training that reads its input through them."""
 import json
+import logging
+import re
 import signal
 
 import pytest
@@ -37,17 +39,38 @@ def service(tmp_path_factory):
                 server.kill_all()
 
 
-@pytest.mark.parametrize("mode", ["parallel_epochs", "distributed_epoch"])
-def test_training_reads_through_the_service(service, mode, cli, tmp_path, digits_dir):
+def _tasks(line: str) -> int:
+    return int(re.search(r"worker runs (\d+) task\(s\)", line).group(1))
+
+
+@pytest.mark.parametrize("mode, policy", [("parallel_epochs", "OFF"),
+                                          ("distributed_epoch", "DYNAMIC")])
+def test_training_reads_through_the_service(service, mode, policy, cli, tmp_path, digits_dir,
+                                            caplog):
     address, _, worker = service
+    # The servers are shared by the module's cases: this case's worker output starts here, and
+    # its task count is the last one the worker logged before it (a job's task outlives it).
+    start = len(worker.lines)
+    before = [_tasks(line) for line in worker.lines if "worker runs" in line][-1]
     run = tmp_path / "run"
-    assert cli("train", f"--model_dir={run}",
-               f"--params_override=train.epochs=3,data.dir={digits_dir},"
-               f"data.service_address={address},data.service_mode={mode}") == 0
+    with caplog.at_level(logging.INFO, logger="absl"):
+        assert cli("train", f"--model_dir={run}",
+                   f"--params_override=train.epochs=3,data.dir={digits_dir},"
+                   f"data.service_address={address},data.service_mode={mode}") == 0
+    # The run asked the service for this mode (the policy tf.data was given)...
+    assert (f"input pipeline runs on the tf.data service at grpc://{address} ({mode}: "
+            f"sharding policy {policy})") in caplog.text
+    # ... and the service worker ran a task of this run's job: its count rose during this case.
+    index = start
+    while True:
+        index = worker.wait_for_index(r"worker runs \d+ task\(s\)", 30, start=index)
+        if _tasks(worker.lines[index]) > before:
+            break
+        index += 1
+    # What the service delivered was the training data (a run without the service trains as
+    # well: this alone would not show the service was used).
     summary = json.loads((run / "summary.json").read_text())
     assert summary["eval"]["accuracy"] >= 0.9
-    # The service worker ran the training input (one task per job).
-    worker.wait_for_line(r"worker runs [1-9]\d* task\(s\)", 30)
 
 
 def test_service_address_and_mode_are_checked():

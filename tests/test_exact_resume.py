@@ -7,7 +7,8 @@ feature is the example's id. The model (`recording_model`, loaded by the run as
 sees with `tf.print` into one file per replica (`replica-<r>.txt`, one line per micro-batch, in
 the order the replica ran them), then trains a small dropout MLP on the other features.
 Interruptions are real: SIGKILL of a `tftrain train` (or of one `tftrain launch` worker) at a
-random step after a backup, and in-process runs that crash with an exception at a step.
+random step after a backup (drawn from KILL_SEED), and in-process runs that crash with an
+exception at a step.
 """
 import json
 import os
@@ -27,6 +28,7 @@ NUM_TRAIN, NUM_EVAL, FEATURES, CLASSES = 300, 40, 5, 3
 BATCH, SEED = 16, 42  # data.batch_size (global) and the default train.seed
 STEPS_PER_EPOCH = NUM_TRAIN // BATCH  # 18: two epochs cross a pass boundary inside a batch
 BOUND = 240  # seconds any one run here may take before the test calls it a hang
+KILL_SEED = 20260405  # draws the step to kill at; printed and in the failure messages: replay it
 
 
 def recording_model(input_shape, num_classes, ids_dir="", dropout=0.3):
@@ -98,14 +100,15 @@ def steps_before(summary: dict, steps_per_epoch: int) -> int:
     return epoch * steps_per_epoch + step
 
 
-def check_same_batches(reference, interrupted, resumed, kept_steps, per_step=1):
-    """interrupted[:kept] + resumed == reference, replica by replica, step for step."""
-    assert reference.keys() == resumed.keys() and reference
+def check_same_batches(reference, interrupted, resumed, kept_steps, replay="", per_step=1):
+    """interrupted[:kept] + resumed == reference, replica by replica, step for step; `replay`
+    (how the interruption was drawn) is in every failure message."""
+    assert reference.keys() == resumed.keys() and reference, replay
     for replica, expected in reference.items():
         joined = interrupted[replica][:kept_steps * per_step] + resumed[replica]
-        assert len(joined) == len(expected), (replica, len(joined), len(expected))
+        assert len(joined) == len(expected), (replay, replica, len(joined), len(expected))
         for step, (got, want) in enumerate(zip(joined, expected)):
-            assert got == want, f"replica {replica}, micro-batch {step}: {got} != {want}"
+            assert got == want, f"{replay}: replica {replica}, micro-batch {step}: {got} != {want}"
 
 
 # ---- real processes: SIGKILL at a random step, the same command again -----------------------
@@ -183,7 +186,8 @@ def test_sigkill_at_a_random_step_then_the_same_command(tmp_path, id_data, devic
     resumed_overrides = overrides(id_data, ids["resumed"], **extra)
 
     first = _train(tmp_path / "run", resumed_overrides)
-    kill_at = random.Random().randint(7, 2 * STEPS_PER_EPOCH - 6)  # some step after a backup
+    kill_at = random.Random(KILL_SEED + devices).randint(7, 2 * STEPS_PER_EPOCH - 6)  # > a backup
+    print(f"\nKILL_SEED={KILL_SEED}: SIGKILL after {kill_at} batches")
     failures = []
 
     def kill():
@@ -201,20 +205,21 @@ def test_sigkill_at_a_random_step_then_the_same_command(tmp_path, id_data, devic
         killer.join(BOUND)
     finally:
         first.kill_all()
-    assert not failures, failures
+    replay = f"KILL_SEED={KILL_SEED}, killed after {kill_at} batches"
+    assert not failures, (replay, failures)
     interrupted = read_ids(ids["resumed"])
     summary = _train_in_process(tmp_path / "run", resumed_overrides, monkeypatch, dumps["resumed"])
 
     kept = steps_before(summary, STEPS_PER_EPOCH)
-    assert 0 < kept < 2 * STEPS_PER_EPOCH and summary["steps"] == 2 * STEPS_PER_EPOCH
+    assert 0 < kept < 2 * STEPS_PER_EPOCH and summary["steps"] == 2 * STEPS_PER_EPOCH, replay
     everything = read_ids(ids["resumed"])
     resumed = {r: lines[len(interrupted[r]):] for r, lines in everything.items()}
-    check_same_batches(read_ids(ids["reference"]), interrupted, resumed, kept)
+    check_same_batches(read_ids(ids["reference"]), interrupted, resumed, kept, replay)
     difference = max(float(np.max(np.abs(a - b))) for a, b in
                      zip(_weights(dumps["reference"]), _weights(dumps["resumed"])))
     print(f"\n{devices} device(s): killed after {len(interrupted[0])} steps, resumed at step "
           f"{kept}; max |weight difference| vs. the uninterrupted run: {difference:.3g}")
-    assert difference <= 1e-6
+    assert difference <= 1e-6, replay
 
 
 # ---- the stream an uninterrupted input pipeline yields, step for step ----------------------
@@ -247,12 +252,14 @@ def test_two_workers_one_killed_then_the_same_launch(tmp_path, id_data):
     ids_dir.mkdir()
     args = ["launch", "--num_workers=2", f"--timeout={BOUND}", "--grace=5", "--", "train",
             f"--model_dir={tmp_path / 'run'}", f"--params_override={overrides(id_data, ids_dir)}"]
+    kill_at = random.Random(KILL_SEED).randint(7, 2 * STEPS_PER_EPOCH - 6)
+    replay = f"KILL_SEED={KILL_SEED}, worker 1 killed after {kill_at} batches"
+    print(f"\n{replay}")
     first = Running(args, cwd=REPO)
     try:
         _kill_after_backup(first, str(tmp_path / "run"), str(ids_dir / "replica-1.txt"),
-                           random.Random().randint(7, 2 * STEPS_PER_EPOCH - 6),
-                           victim=lambda: first.worker_pids()[1])
-        assert first.wait(120) != 0  # the launcher notices and stops the chief: never a hang
+                           kill_at, victim=lambda: first.worker_pids()[1])
+        assert first.wait(120) != 0, replay  # the launcher notices and stops the chief
     finally:
         first.kill_all()
     assert "[launch] worker 1 was killed by SIGKILL; stopping the other workers" in first.output
@@ -261,17 +268,17 @@ def test_two_workers_one_killed_then_the_same_launch(tmp_path, id_data):
     interrupted = read_ids(ids_dir)
     second = Running(args, cwd=REPO)
     try:
-        assert second.wait(BOUND) == 0, second.tail()
+        assert second.wait(BOUND) == 0, (replay, second.tail())
     finally:
         second.kill_all()
     summary = json.loads((tmp_path / "run/summary.json").read_text())
-    assert summary["num_workers"] == 2 and summary["steps"] == 2 * STEPS_PER_EPOCH
+    assert summary["num_workers"] == 2 and summary["steps"] == 2 * STEPS_PER_EPOCH, replay
     kept = steps_before(summary, STEPS_PER_EPOCH)
     everything = read_ids(ids_dir)
     resumed = {r: lines[len(interrupted[r]):] for r, lines in everything.items()}
     reference = {w: stream_ids(id_data, 2 * STEPS_PER_EPOCH, BATCH // 2, workers=2, worker=w)
                  for w in range(2)}
-    check_same_batches(reference, interrupted, resumed, kept)
+    check_same_batches(reference, interrupted, resumed, kept, replay)
     assert not set(sum(reference[0], ())) & set(sum(reference[1][:6], ()))  # disjoint files
 
 

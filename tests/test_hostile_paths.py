@@ -113,16 +113,30 @@ def test_a_planted_marker_cannot_claim_a_link_or_a_folder(tmp_path, sentinel, cl
     unchanged(sentinel, before)
 
 
-def test_a_planted_manifest_cannot_claim_a_folder_of_the_user(tmp_path, cli):
+@pytest.mark.parametrize("valid", [True, False], ids=["valid_manifest", "unreadable_manifest"])
+def test_a_planted_manifest_cannot_claim_a_folder_of_the_user(tmp_path, cli, capsys, valid):
     out = tmp_path / "out"
     (out / "photos").mkdir(parents=True)
     (out / "photos/cat.jpg").write_bytes(b"meow")
+    shard = {"file": "photos", "num_examples": 0}
+    if valid:  # everything a manifest check asks for: the manifest itself is taken as tftrain's
+        shard.update(bytes=0, sha256="0" * 64)
     (out / "dataset.json").write_text(json.dumps({
         "format": "tftrain.dataset/1", "pipeline": "digits", "features": {}, "splits": {
-            "train": {"num_examples": 0, "shards": [{"file": "photos", "num_examples": 0}]}}}))
-    assert "photos" in ownership.dataset_contents(str(out)).foreign
-    cli("convert", "--pipeline=digits", f"--output={out}", "--overwrite")
+            "train": {"num_examples": 0, "shards": [shard]}}}))
+    contents = ownership.dataset_contents(str(out))
+    assert (contents.manifest is not None) == valid
+    assert "photos" in contents.foreign
+    code = cli("convert", "--pipeline=digits", f"--output={out}", "--overwrite")
     assert (out / "photos/cat.jpg").read_bytes() == b"meow"
+    if valid:  # replaced by the new dataset, written beside the folder it claimed
+        assert code == 0
+        listed = ownership.dataset_contents(str(out)).listed()
+        assert "photos" not in listed and len(listed) == 4, listed  # dataset.json, 3 shards
+    else:  # a dataset.json tftrain cannot read is not its own: never replaced
+        assert code == 1
+        assert f"{out / 'dataset.json'} was not written by tftrain" in one_error_line(
+            capsys.readouterr().err)
 
 
 def test_convert_into_an_existing_file_is_one_line(tmp_path, cli, capsys):

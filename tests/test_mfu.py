@@ -48,18 +48,34 @@ def test_the_cpu_peak_is_measured_once_per_host_and_precision(tmp_path, monkeypa
     from tftrain.runtime import peak_flops
 
     monkeypatch.setenv("TFTRAIN_CACHE_DIR", str(tmp_path))
-    measured = []
+    measured, values = [], []
     real = peak_flops.measure_matmul
-    monkeypatch.setattr(peak_flops, "measure_matmul",
-                        lambda dtype: measured.append(dtype) or real(dtype, size=256,
-                                                                     seconds=0.05))
+    monkeypatch.setattr(peak_flops, "measure_matmul", lambda dtype: measured.append(dtype) or
+                        values.append(real(dtype, size=256, seconds=0.05)) or values[-1])
     first = peak_flops.cpu_peak("float32")
-    assert first > 1e8 and measured == ["float32"]
+    assert first == values[0] > 1e8 and measured == ["float32"]  # the measurement itself
     assert peak_flops.cpu_peak("float32") == first and measured == ["float32"]  # cached
-    peak_flops.cpu_peak("mixed_bfloat16")
+    assert peak_flops.cpu_peak("mixed_bfloat16") == values[1]
     assert measured == ["float32", "bfloat16"]
     cache = json.loads((tmp_path / "peak_flops.json").read_text())
-    assert len(cache) == 2 and all("cores" in key for key in cache)
+    assert sorted(cache.values()) == sorted(values) and all("cores" in key for key in cache)
+    assert {key.split("|")[2] for key in cache} == {"float32", "bfloat16"}
+
+
+def test_the_matmul_peak_is_its_flops_over_the_fastest_round(monkeypatch):
+    """2 n^3 FLOPs per n x n matmul over the shortest timed round, on a fake clock (its calls:
+    the deadline, then per round the loop's test, the start and the end): rounds of 4, 2 and
+    3 ms in a 10 ms budget."""
+    import types
+
+    from tftrain.runtime import peak_flops
+
+    readings = iter(ms / 1000 for ms in [0, 0, 0, 4, 4, 4, 6, 6, 6, 9, 20])
+    monkeypatch.setattr(peak_flops, "time", types.SimpleNamespace(
+        perf_counter=lambda: next(readings)))
+    size = 64
+    assert peak_flops.measure_matmul("float32", size=size, seconds=0.010) == pytest.approx(
+        2 * size**3 / 0.002)
 
 
 def test_published_peaks_follow_the_precision():
@@ -80,20 +96,30 @@ def test_a_cpu_peak_measured_under_load_is_raised_when_a_run_computes_faster(tmp
     from tftrain.runtime import peak_flops
 
     monkeypatch.setenv("TFTRAIN_CACHE_DIR", str(tmp_path))
+    values = []
     real = peak_flops.measure_matmul
-    monkeypatch.setattr(peak_flops, "measure_matmul",
-                        lambda dtype: real(dtype, size=256, seconds=0.05))
+    monkeypatch.setattr(peak_flops, "measure_matmul", lambda dtype: values.append(
+        real(dtype, size=256, seconds=0.05)) or values[-1])
     quiet = peak_flops.cpu_peak("float32")
     _, key, path = peak_flops._cache_entry("float32")
     with open(path, "w", encoding="utf-8") as f:  # as if measured while neighbours were busy
         json.dump({key: quiet / 100}, f)
     usage = Utilization(1_000_000, quiet / 100, "measured", 1, "float32", measured_here=True)
     examples_per_second = quiet / 50 / 1_000_000  # twice the loaded peak
+    achieved = 1_000_000 * examples_per_second
     assert usage.mfu(examples_per_second) == pytest.approx(2.0)
     confirmed = usage.confirmed(examples_per_second)
-    assert confirmed.peak_flops_per_second >= quiet / 50
-    assert confirmed.mfu(examples_per_second) <= 1.0
+    assert len(values) == 2  # measured again
+    assert confirmed.peak_flops_per_second == max(values[1], achieved)
+    assert confirmed.mfu(examples_per_second) == pytest.approx(
+        achieved / confirmed.peak_flops_per_second)
     assert peak_flops.cpu_peak("float32") == confirmed.peak_flops_per_second  # cached
+    # Measured again under even more load: the run's own rate is the peak, MFU exactly 100%.
+    monkeypatch.setattr(peak_flops, "measure_matmul", lambda dtype: quiet / 1000)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({key: quiet / 100}, f)
+    raised = usage.confirmed(examples_per_second)
+    assert raised.peak_flops_per_second == achieved and raised.mfu(examples_per_second) == 1.0
     assert usage.confirmed(examples_per_second / 4) is usage  # below the peak: kept as it is
     published = Utilization(1_000_000, 1e6, "published peak of a TPU v4", 4, "float32")
     assert published.confirmed(examples_per_second) is published  # never re-measured

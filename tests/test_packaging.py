@@ -79,19 +79,22 @@ def test_tpu_extra_resolves_on_pypi_without_the_cpu_tensorflow():
 
 
 def test_tpu_extra_never_installs_two_tensorflow_builds():
-    """`pip install '.[tpu]'` either refuses or resolves to one TensorFlow build, never two."""
+    """`pip install '.[tpu]'` refuses (the extra's tf-keras against the tf-keras pin,
+    pyproject.toml), so it never installs tensorflow-tpu over tensorflow (the same files)."""
+    with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
+        pins = map(Requirement, tomllib.load(f)["project"]["dependencies"])
+    (keras_pin,) = [r for r in pins if canonicalize_name(r.name) == "tf-keras"]
+    assert keras_pin.specifier != _tpu_extra()["tf-keras"].specifier  # what pip refuses
     result, installed = _dry_run(f"{REPO}[tpu]", extra_args=("--no-build-isolation",))
-    if installed is None:
-        assert "ResolutionImpossible" in result.stderr, (
-            f"pip install '.[tpu]' failed, but not on the expected tf-keras conflict:\n"
-            f"{_errors(result)}")
-        return
-    both = {"tensorflow", "tensorflow-tpu"} <= set(installed)
-    assert not both, (
-        f"pip install '.[tpu]' would install tensorflow {installed['tensorflow']['version']} and "
-        f"tensorflow-tpu {installed['tensorflow-tpu']['version']} over each other (the same "
-        "files): the tpu extra must not add tensorflow-tpu on top of the tensorflow pin "
-        "(docs/tpu.md installs it in place of tensorflow)")
+    assert installed is None, (
+        f"pip install '.[tpu]' resolves, to tensorflow "
+        f"{installed.get('tensorflow', {}).get('version')} and tensorflow-tpu "
+        f"{installed.get('tensorflow-tpu', {}).get('version')}: the tpu extra must not add "
+        "tensorflow-tpu on top of the tensorflow pin (the same files; docs/tpu.md installs it "
+        "in place of tensorflow), and `pip install '.[tpu]'` must stay refused")
+    assert "ResolutionImpossible" in result.stderr and "tftrain[tpu]" in result.stderr, (
+        f"pip install '.[tpu]' failed, but not on the expected tf-keras conflict:\n"
+        f"{_errors(result)}")
 
 
 def _env(**values):

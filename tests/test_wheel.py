@@ -133,7 +133,8 @@ def test_installed_wheel_trains_and_inspects_in_another_directory(installed, tmp
     run_dir = tmp_path / "runs" / "wheel"
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     assert summary["epochs"] == 1 and summary["data_dir"] == "data/digits", summary
-    assert 0.0 <= summary["eval"]["accuracy"] <= 1.0, summary
+    # It learned: 10 digit classes (chance 0.1); one epoch measured 0.83 on the test split.
+    assert summary["eval"]["split"] == "test" and summary["eval"]["accuracy"] >= 0.5, summary
     assert list(run_dir.glob("export/*/saved_model.pb"))
 
     shown = _check(_run([tftrain, "inspect", "--data=data/digits"], timeout=300, cwd=tmp_path,

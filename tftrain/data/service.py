@@ -51,8 +51,11 @@ def distribute(dataset: tf.data.Dataset, address: str, mode: str = "parallel_epo
                        "distributed_epoch": tf.data.experimental.service.ShardingPolicy.DYNAMIC}
     if mode not in processing_mode:
         raise ConfigError(f"data.service_mode={mode!r} is not one of {', '.join(processing_mode)}")
+    target = service_target(address)
+    logging.info("input pipeline runs on the tf.data service at %s (%s: sharding policy %s)",
+                 target, mode, processing_mode[mode].name)
     return dataset.apply(tf.data.experimental.service.distribute(
-        processing_mode=processing_mode[mode], service=service_target(address)))
+        processing_mode=processing_mode[mode], service=target))
 
 
 def start_dispatcher(port: int, work_dir: str | None = None) -> tf.data.experimental.service.DispatchServer:
