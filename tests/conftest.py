@@ -3,6 +3,7 @@
 The test process splits its CPU into 2 logical devices before TensorFlow starts, so that
 MirroredStrategy over 2 replicas runs in-process (as `runtime.cpu_devices=2` does in a run).
 """
+import contextlib
 import os
 import sys
 
@@ -27,6 +28,20 @@ def pytest_configure(config):
     cpu = tf.config.list_physical_devices("CPU")[0]
     tf.config.set_logical_device_configuration(
         cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(TEST_CPU_DEVICES)])
+
+
+def pytest_unconfigure(config):
+    """Stops this process's forkserver (`tests/forked_cli.py`, the converter) and waits for it,
+    so the CPU time of the commands forked from it is counted with this process's children
+    (`/usr/bin/time make test` reports the whole suite)."""
+    import signal
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if server._forkserver_pid is not None:  # ended now: it waits for no command a test left
+        os.kill(server._forkserver_pid, signal.SIGKILL)
+        os.waitpid(server._forkserver_pid, 0)
+        server._forkserver_pid = None
 
 
 @pytest.fixture(scope="session")
@@ -54,12 +69,56 @@ def text_dir(tmp_path_factory):
 
 
 def run_cli(*args):
-    """Runs `tftrain <args>` in-process; returns its exit code."""
+    """Runs `tftrain <args>` in-process, through the console script's entry point; returns its
+    exit code (its stdout and stderr reach pytest's capsys/capfd as a process's would).
+
+    The process-wide state a command changes is put back afterwards, so the next test starts as
+    a new process would: environment variables, the working directory, sys.argv, warnings
+    filters, absl's verbosity and the filters on its handler (`tftrain.log_filter`), the Python
+    loggers' levels, the mixed-precision policy and Keras's layer-name counters (`clear_session`).
+    What cannot be put back (op determinism once enabled, the number of logical devices, which
+    is fixed at the first op) is why tests that depend on those start a process
+    (`tests/forked_cli.py`)."""
     from tftrain.cli import run
 
-    with pytest.raises(SystemExit) as exited:
-        run(["tftrain", *args])
+    with isolated_process_state():
+        with pytest.raises(SystemExit) as exited:
+            run(["tftrain", *args])
     return exited.value.code or 0
+
+
+@contextlib.contextmanager
+def isolated_process_state():
+    """Restores what a command run in-process changes in this process (see `run_cli`)."""
+    import logging
+    import warnings
+
+    import tf_keras
+    from absl import logging as absl_logging
+
+    from tftrain import quiet_start
+
+    environ, cwd, argv = dict(os.environ), os.getcwd(), list(sys.argv)
+    handler = absl_logging.get_absl_handler()
+    handler_filters, verbosity = list(handler.filters), absl_logging.get_verbosity()
+    loggers = {name: logging.getLogger(name).level for name in ("", "tensorflow", "absl")}
+    policy = tf_keras.mixed_precision.global_policy()
+    hide_native = quiet_start.HIDE_NATIVE_CHATTER
+    with warnings.catch_warnings():
+        try:
+            yield
+        finally:
+            os.chdir(cwd)
+            os.environ.clear()
+            os.environ.update(environ)
+            sys.argv[:] = argv
+            handler.filters[:] = handler_filters
+            absl_logging.set_verbosity(verbosity)
+            for name, level in loggers.items():
+                logging.getLogger(name).setLevel(level)
+            tf_keras.mixed_precision.set_global_policy(policy)
+            tf_keras.backend.clear_session()
+            quiet_start.HIDE_NATIVE_CHATTER = hide_native
 
 
 @pytest.fixture

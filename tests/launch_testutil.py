@@ -1,15 +1,17 @@
-"""Running `tftrain launch` (and other tftrain commands) as real subprocesses, cleaned up after."""
+"""Running `tftrain launch` (and other tftrain commands) as real processes, cleaned up after.
+
+Each command is a child forked from the test process's forkserver (`tests/forked_cli.py`): a
+real process of its own, which does not import TensorFlow again."""
 from __future__ import annotations
 
 import os
 import re
 import signal
 import subprocess
-import sys
 import threading
 import time
 
-TFTRAIN = [sys.executable, "-c", "import sys; from tftrain.cli import run; run(['tftrain'] + sys.argv[1:])"]
+from tests import forked_cli
 
 
 def pid_alive(pid: int) -> bool:
@@ -44,10 +46,8 @@ class Running:
 
     def __init__(self, args: list[str], cwd, env: dict | None = None):
         self.lines: list[str] = []
-        self.process = subprocess.Popen(
-            TFTRAIN + args, cwd=str(cwd), env={**os.environ, **(env or {})},
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True, preexec_fn=interruptible)
+        self.process = forked_cli.Popen(args, cwd=cwd, env={**os.environ, **(env or {})},
+                                        stdout=forked_cli.PIPE, stderr=forked_cli.STDOUT)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 

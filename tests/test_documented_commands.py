@@ -4,9 +4,11 @@
 - README's `$ tftrain ...` examples, whose following lines are the output they must print;
 - the `make demo` recipe.
 
-They run as the user runs them: the installed `tftrain` console script, in a fresh directory
-(so the first command converts `data/digits` the way the default path does), with only the
-epoch count lowered (`train.epochs`). Commands that need a Cloud TPU VM and a bucket
+They run as the user runs them: each its own process entering `tftrain.cli.run` (the console
+script's entry point; forked from a server that imported TensorFlow once, `tests/forked_cli.py`;
+tests/test_wheel.py runs the installed script itself), in a fresh directory (so the first
+command converts `data/digits` the way the default path does), with only the epoch count
+lowered (`train.epochs`). Commands that need a Cloud TPU VM and a bucket
 (`YOUR_BUCKET`) run too, and must stop with the one-line error of a machine without a TPU.
 """
 import glob
@@ -15,13 +17,12 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 
 import pytest
 
+from tests import forked_cli
 from tests.conftest import REPO
 
-TFTRAIN = os.path.join(os.path.dirname(sys.executable), "tftrain")
 EPOCHS = "train.epochs=1"
 TIMEOUT = 420
 # Configs whose model is too big for the suite: their commands run here on a model of a few
@@ -105,8 +106,8 @@ def run(command: str, cwd, epochs: str | None = EPOCHS,
     if smaller and args[1] in ("train", "check"):
         args = with_override(args, smaller)
     assert args[0] == "tftrain", command
-    return subprocess.run([TFTRAIN, *args[1:]], cwd=cwd, capture_output=True, text=True,
-                          timeout=TIMEOUT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    return forked_cli.run(args[1:], cwd=cwd, timeout=TIMEOUT,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
 
 
 @pytest.fixture(scope="module")

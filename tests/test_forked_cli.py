@@ -1,0 +1,49 @@
+"""The forked-CLI server (`tests/forked_cli.py`): its children are `tftrain` as a shell starts it."""
+import os
+import subprocess
+
+from tests import forked_cli
+
+
+def test_a_child_runs_in_the_given_directory_and_reports_its_exit_code(tmp_path):
+    done = forked_cli.run(["inspect", "--data=no_such_dataset"], cwd=tmp_path, timeout=120)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [line for line in done.stderr.splitlines()
+                                        if line.startswith("tftrain inspect: error: ")]
+    assert str(tmp_path / "no_such_dataset") in done.stderr or "no_such_dataset" in done.stderr
+
+
+def test_a_child_sees_exactly_the_environment_given(tmp_path):
+    """A variable of the test process that the caller left out is not there: an invalid
+    TF_CONFIG given fails the run in one line; the same run without it gets past that check."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+    bad = forked_cli.run(["check", "--config=digits", "--target=cpu"], cwd=tmp_path,
+                         env={**env, "TF_CONFIG": "{not json"}, timeout=120)
+    assert bad.returncode != 0 and "TF_CONFIG" in bad.stderr, bad.stderr
+    os.environ["TF_CONFIG"] = "{not json"
+    try:
+        good = forked_cli.run(["check", "--config=digits", "--target=cpu"], cwd=tmp_path,
+                              env=env, timeout=120)
+    finally:
+        del os.environ["TF_CONFIG"]
+    assert "TF_CONFIG" not in good.stderr, good.stderr
+
+
+def test_a_child_is_its_own_session_and_dies_by_the_signal_sent(tmp_path):
+    process = forked_cli.Popen(["data_service", "--dispatcher", "--port=0"], cwd=tmp_path,
+                               stdout=forked_cli.PIPE, stderr=forked_cli.STDOUT)
+    try:
+        assert os.getsid(process.pid) == process.pid
+        assert process.poll() is None
+    finally:
+        os.killpg(process.pid, 9)
+    assert process.wait(60) == -9
+    process.stdout.close()
+
+
+def test_a_timed_out_child_is_killed(tmp_path):
+    try:
+        forked_cli.run(["data_service", "--dispatcher", "--port=0"], cwd=tmp_path, timeout=0.5)
+    except subprocess.TimeoutExpired:
+        return
+    raise AssertionError("a dispatcher that never ends returned")
