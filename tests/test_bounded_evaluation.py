@@ -5,15 +5,13 @@ import glob
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from tests import forked_cli
 from tests.conftest import REPO
 
-TFTRAIN = os.path.join(os.path.dirname(sys.executable), "tftrain")
 BOUNDS = ("train.steps=40,train.validation_every_steps=10,train.validation_steps=2,"
           "train.test_steps=3,train.log_every_steps=5")
 
@@ -21,11 +19,10 @@ BOUNDS = ("train.steps=40,train.validation_every_steps=10,train.validation_steps
 @pytest.fixture(scope="module")
 def bounded_run(tmp_path_factory, digits_dir):
     run = tmp_path_factory.mktemp("bounded") / "run"
-    done = subprocess.run(
-        [TFTRAIN, "train", "--config=digits", f"--model_dir={run}",
+    done = forked_cli.run(
+        ["train", "--config=digits", f"--model_dir={run}",
          f"--params_override=data.dir={digits_dir},{BOUNDS}"],
-        cwd=REPO, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+        cwd=REPO, timeout=600, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert done.returncode == 0, done.stderr[-3000:]
     return run, done
 
@@ -108,8 +105,7 @@ def test_progress_scalars_in_tensorboard_at_the_same_steps(bounded_run):
 @pytest.mark.parametrize("key", ["validation_steps", "validation_every_steps", "test_steps",
                                  "log_every_steps"])
 def test_the_keys_are_checked_by_name(key, tmp_path):
-    done = subprocess.run([TFTRAIN, "train", "--config=digits", f"--model_dir={tmp_path}/r",
-                           f"--params_override=train.{key}=-1"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    done = forked_cli.run(["train", "--config=digits", f"--model_dir={tmp_path}/r",
+                           f"--params_override=train.{key}=-1"], cwd=tmp_path, timeout=120)
     assert done.returncode == 2 and f"train.{key} must be >= 0, got -1" in done.stderr
     assert "Traceback" not in done.stderr

@@ -4,20 +4,16 @@ in one line, leaving the dataset as it was."""
 import hashlib
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
+from tests import forked_cli
 from tests.conftest import REPO
 from tests.test_pipeline_jsonl import make_lines, write_jsonl
 
-TFTRAIN = os.path.join(os.path.dirname(sys.executable), "tftrain")
-
 
 def tftrain(*args, cwd=REPO):
-    return subprocess.run([TFTRAIN, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300, stdin=subprocess.DEVNULL)
+    return forked_cli.run(list(args), cwd=cwd, timeout=300)
 
 
 def fingerprints(directory) -> dict:

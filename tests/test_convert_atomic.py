@@ -7,15 +7,15 @@ the rest of the rows not written), so no machine is too slow or too fast for it 
 from __future__ import annotations
 
 import os
+import pathlib
 import signal
 import subprocess
 import time
 
 import pytest
 
-from tests import test_convert
-from tests.conftest import PYTHON, REPO
-from tests.launch_testutil import interruptible
+from tests import forked_cli, test_convert
+from tests.conftest import REPO
 from tftrain import dir_lock
 from tftrain.data import inspection, load, shard_plan
 from tftrain.data import manifest as manifest_lib
@@ -50,13 +50,23 @@ class Pipeline(test_convert.Pipeline):
 
 
 def start_conversion(output, gate, *extra):
-    env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    return subprocess.Popen(
-        [PYTHON, "-c", "from tftrain.cli import run; run()", "convert",
-         "--pipeline=tests.test_convert_atomic", f"--pipeline_options=n={N},gate={gate}",
-         f"--output={output}", "--num_shards=4", *extra],
-        cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        preexec_fn=interruptible)
+    """`tftrain convert` of `Pipeline` in a process of its own (`tests/forked_cli.py`), its
+    stdout and stderr in files beside the gate (`output_of`)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")  # the server imports tests.* (no PYTHONPATH)
+    with open(f"{gate}.stdout", "w") as out, open(f"{gate}.stderr", "w") as err:
+        process = forked_cli.Popen(
+            ["convert", "--pipeline=tests.test_convert_atomic",
+             f"--pipeline_options=n={N},gate={gate}", f"--output={output}", "--num_shards=4",
+             *extra], cwd=REPO, env=env, stdout=out, stderr=err)
+    process.gate = gate
+    return process
+
+
+def output_of(process, timeout=BOUND) -> tuple[str, str]:
+    """(stdout, stderr) of a conversion, once it has ended (at most `timeout` seconds)."""
+    process.wait(timeout)
+    return tuple(pathlib.Path(f"{process.gate}.{name}").read_text()
+                 for name in ("stdout", "stderr"))
 
 
 def wait_until_held(gate, process, count):
@@ -67,7 +77,7 @@ def wait_until_held(gate, process, count):
         held = [int(n[len(prefix):]) for n in os.listdir(folder) if n.startswith(prefix)]
         if len(held) >= count:
             return held
-        assert process.poll() is None, process.communicate()
+        assert process.poll() is None, output_of(process)
         assert time.monotonic() < deadline, f"{len(held)} of {count} processes held after {BOUND}s"
         time.sleep(0.05)
 
@@ -144,7 +154,7 @@ def test_ctrl_c_stops_cleanly(tmp_path):
         assert shards_begun(output)
         process.send_signal(signal.SIGINT)
         open_gate(gate)  # the rows go on: only the Ctrl-C can keep the conversion from finishing
-        _, err = process.communicate(timeout=BOUND)
+        _, err = output_of(process)
     finally:
         process.kill()
     assert process.returncode == 130, err
@@ -165,7 +175,7 @@ def test_a_second_conversion_into_the_same_directory_is_refused(tmp_path):
             write_dataset(test_convert.Pipeline(n=50), "", output, num_shards=1, workers=1,
                           overwrite=True)
         open_gate(gate)
-        _, err = process.communicate(timeout=BOUND)
+        _, err = output_of(process)
     finally:
         process.kill()
     # The first conversion was not disturbed: it completes, and every shard checks out.

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from tests import forked_cli
 from tests.conftest import PYTHON, REPO, run_cli
 from tftrain import report, run_dir
 from tftrain.callbacks import curves
 
 pytestmark = pytest.mark.slow
-TFTRAIN = os.path.join(os.path.dirname(PYTHON), "tftrain")
 
 
 def _train(model_dir, digits_dir, overrides):
@@ -122,12 +122,11 @@ def test_a_resumed_run_reads_its_earlier_epochs_back(runs, tmp_path, monkeypatch
 
 def test_sigkill_then_resume_keeps_every_epoch_in_the_picture(tmp_path, digits_dir):
     model_dir = tmp_path / "killed"
-    command = [TFTRAIN, "train", f"--model_dir={model_dir}",
+    command = ["train", f"--model_dir={model_dir}",
                f"--params_override=data.dir={digits_dir},train.epochs=4,train.steps_per_epoch=8,"
                "model.name=mlp,model.params={hidden_units: [16]},data.batch_size=16"]
     with open(tmp_path / "first.log", "w") as log:
-        first = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
+        first = forked_cli.Popen(command, stdout=log, stderr=forked_cli.STDOUT)
         try:
             deadline = time.monotonic() + 180
             while len(_epochs(model_dir)) < 2 and first.poll() is None:
@@ -138,7 +137,7 @@ def test_sigkill_then_resume_keeps_every_epoch_in_the_picture(tmp_path, digits_d
                 os.killpg(first.pid, signal.SIGKILL)
             first.wait()
     assert not (model_dir / "summary.json").exists(), "the run finished before it was killed"
-    rerun = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    rerun = forked_cli.run(command, timeout=300)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert "resumed from epoch" in rerun.stdout + rerun.stderr
     history = curves.read_history(str(model_dir))

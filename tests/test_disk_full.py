@@ -7,12 +7,12 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import time
 
 import pytest
 
-TFTRAIN = os.path.join(os.path.dirname(sys.executable), "tftrain")
+from tests import forked_cli
+
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
 
 
@@ -58,9 +58,9 @@ def test_convert_onto_a_full_disk_is_one_line_and_leaves_no_dataset(tmp_path):
     with small_disk(tmp_path / "disk", "200k") as disk:
         output = disk / "digits"
         for workers in ("1", "2"):
-            result = subprocess.run(
-                [TFTRAIN, "convert", "--pipeline=digits", f"--output={output}",
-                 f"--workers={workers}"], capture_output=True, text=True, timeout=300, env=ENV)
+            result = forked_cli.run(
+                ["convert", "--pipeline=digits", f"--output={output}", f"--workers={workers}"],
+                timeout=300, env=ENV)
             assert result.returncode == 1, result.stderr[-2000:]
             assert "Traceback" not in result.stderr, result.stderr[-3000:]
             (line,) = error_lines(result.stderr, "convert")
@@ -68,11 +68,11 @@ def test_convert_onto_a_full_disk_is_one_line_and_leaves_no_dataset(tmp_path):
             assert not (output / "dataset.json").exists()
             assert not [n for n in os.listdir(output) if n.endswith(".tfrecord")]
         subprocess.run(["mount", "-o", "remount,size=20m", str(disk)], check=True)
-        result = subprocess.run([TFTRAIN, "convert", "--pipeline=digits", f"--output={output}"],
-                                capture_output=True, text=True, timeout=300, env=ENV)
+        result = forked_cli.run(["convert", "--pipeline=digits", f"--output={output}"],
+                                timeout=300, env=ENV)
         assert result.returncode == 0, result.stderr[-2000:]
-        verified = subprocess.run([TFTRAIN, "inspect", f"--data={output}", "--verify"],
-                                  capture_output=True, text=True, timeout=120, env=ENV)
+        verified = forked_cli.run(["inspect", f"--data={output}", "--verify"], timeout=120,
+                                  env=ENV)
         assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
@@ -80,28 +80,30 @@ def test_convert_onto_a_full_disk_is_one_line_and_leaves_no_dataset(tmp_path):
 def test_train_onto_a_full_disk_is_one_line_and_the_rerun_resumes(tmp_path, digits_dir):
     with small_disk(tmp_path / "disk", "30m") as disk:
         run = disk / "run"
-        command = [TFTRAIN, "train", f"--model_dir={run}",
+        command = ["train", f"--model_dir={run}",
                    f"--params_override=data.dir={digits_dir},train.epochs=2,"
                    "model.name=mlp,model.params={hidden_units: [32]}"]
-        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, env=ENV)
+        # Its output goes to files beside the small disk, not on it (stdout is not a TTY).
+        with open(tmp_path / "train.out", "w") as out, open(tmp_path / "train.err", "w") as err:
+            process = forked_cli.Popen(command, stdout=out, stderr=err, env=ENV)
         try:
             deadline = time.monotonic() + 240
             while not complete_backup(run) and process.poll() is None:
                 assert time.monotonic() < deadline, "no backup was written"
                 time.sleep(0.05)
             filler = fill(disk)  # the next checkpoint, backup or export finds the disk full
-            _, stderr = process.communicate(timeout=300)
+            process.wait(timeout=300)
         finally:
             if process.poll() is None:
                 process.kill()
+        stderr = (tmp_path / "train.err").read_text()
         assert process.returncode == 1, stderr[-3000:]
         assert "Traceback" not in stderr, stderr[-3000:]
         (line,) = error_lines(stderr, "train")
         assert "no space left on device" in line and "resumes from its last backup" in line
         assert not (run / "summary.json").exists()
         os.remove(filler)
-        rerun = subprocess.run(command, capture_output=True, text=True, timeout=300, env=ENV)
+        rerun = forked_cli.run(command, timeout=300, env=ENV)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         assert "resumed from epoch" in rerun.stdout + rerun.stderr
         assert json.loads((run / "summary.json").read_text())["epochs"] == 2

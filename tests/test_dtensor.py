@@ -1,7 +1,9 @@
 """Model parallelism with DTensor (`runtime.strategy: dtensor`).
 
 The pytest process has 2 CPU devices (conftest); a 2x2 mesh needs 4, which must be configured
-before TensorFlow starts, so every 4-device check runs in its own subprocess with a timeout.
+before TensorFlow starts, so every 4-device check runs in a process of its own with a timeout:
+a `tftrain` command in a child of the forked-CLI server (`tests/forked_cli.py`, which has not
+touched the devices), a script of the test's own in a fresh interpreter.
 """
 import json
 import os
@@ -11,13 +13,14 @@ import time
 
 import pytest
 
+from tests import forked_cli
 from tests.conftest import PYTHON, REPO
+from tests.launch_testutil import Running
 from tftrain import config as config_lib
 from tftrain.runtime import dtensor_layouts as layouts
 from tftrain.errors import ConfigError
 
 TIMEOUT = 600
-TFTRAIN = [PYTHON, "-c", "import sys; from tftrain.cli import run; run(['tftrain'] + sys.argv[1:])"]
 MESH = {"batch": 2, "model": 2}
 
 
@@ -111,7 +114,7 @@ def test_memory_report_counts_shards():
     assert report["bytes_per_device"] == ((params - 10) // 2 + 10) * 4 * 3
 
 
-# --- On a 2x2 mesh of virtual CPU devices (subprocesses) ---------------------------------------
+# --- On a 2x2 mesh of virtual CPU devices (processes of their own) ----------------------------
 
 # The first compiled step (the first execution of the train function: tf-keras's optimizer
 # update lost it on TF 2.21, docs/dtensor.md) equals the single-device step.
@@ -219,28 +222,26 @@ def _wait_for_backup(process, run, timeout=TIMEOUT):
 
 
 def interrupted_then_resumed(command: list, run) -> dict:
-    """Runs `command` until its first backup, SIGTERMs it (it backs up and exits 143), runs
-    the same command again to the end; returns the finished run's summary."""
-    process = subprocess.Popen(command, env=_env(), cwd=REPO, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    """Runs `tftrain <command>` until its first backup, SIGTERMs it (it backs up and exits
+    143), runs the same command again to the end; returns the finished run's summary."""
+    first = Running(command, cwd=REPO, env=_env())
     try:
-        _wait_for_backup(process, run)
-        process.send_signal(signal.SIGTERM)
-        output = process.communicate(timeout=TIMEOUT)[0]
+        _wait_for_backup(first.process, run)
+        first.process.send_signal(signal.SIGTERM)
+        code = first.wait(TIMEOUT)
     finally:
-        if process.poll() is None:
-            process.kill()
-    assert process.returncode == 143, output[-3000:]
+        if first.process.poll() is None:
+            first.process.kill()
+    assert code == 143, first.output[-3000:]
     assert not (run / "summary.json").exists()
-    out = subprocess.run(command, env=_env(), cwd=REPO, capture_output=True, text=True,
-                         timeout=TIMEOUT)
+    out = forked_cli.run(command, env=_env(), cwd=REPO, timeout=TIMEOUT)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads((run / "summary.json").read_text())
 
 
 def test_digits_dtensor_resume_export_and_optimize(cli, tmp_path, digits_dir, capsys):
     run = tmp_path / "run"
-    command = [*TFTRAIN, "train", "--config=digits_dtensor",
+    command = ["train", "--config=digits_dtensor",
                "--mesh=batch:2,model:2", f"--model_dir={run}",
                f"--params_override=data.dir={digits_dir},train.epochs=4"]
     summary = interrupted_then_resumed(command, run)
@@ -290,10 +291,10 @@ def test_doctor_measures_a_dtensor_run(tmp_path, digits_dir):
     at ~0.2x the input alone; ~0.5-0.8x with the shipped widths, too close to the 1.25x line
     on a shared machine)."""
     out = tmp_path / "doctor.json"
-    done = subprocess.run([*TFTRAIN, "doctor", "--config=digits_dtensor", "--steps=12",
+    done = forked_cli.run(["doctor", "--config=digits_dtensor", "--steps=12",
                            f"--json={out}", f"--params_override=data.dir={digits_dir},"
                            "model.params={hidden_units: [1024, 1024]}"],
-                          env=_env(), cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+                          env=_env(), cwd=REPO, timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["strategy"] == "dtensor" and result["num_replicas"] == 2, result

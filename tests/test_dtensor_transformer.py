@@ -3,8 +3,10 @@ Megatron-style layout rules, their sharded kernels and exact step on 4 virtual C
 (`batch:2,model:2` and `batch:1,model:4`), and `tftrain train` with runtime.strategy=dtensor on
 the text dataset (quality and the bytes per device in summary.json).
 
-The 4-device checks run in subprocesses: the CPU must be split before TensorFlow starts (the
-pytest process has 2 devices; see tests/test_dtensor.py).
+The 4-device checks run in processes of their own: the CPU must be split before TensorFlow
+starts (the pytest process has 2 devices; see tests/test_dtensor.py). `tftrain train` runs in a
+child of the forked-CLI server (`tests/forked_cli.py`), the test's own script in a fresh
+interpreter.
 """
 import json
 import math
@@ -13,13 +15,13 @@ import subprocess
 
 import pytest
 
+from tests import forked_cli
 from tests.conftest import PYTHON, REPO
 from tests.test_language_model import unigram_perplexity
 from tftrain.errors import ConfigError
 from tftrain.runtime import dtensor_layouts as layouts
 
 TIMEOUT = 600
-TFTRAIN = [PYTHON, "-c", "import sys; from tftrain.cli import run; run(['tftrain'] + sys.argv[1:])"]
 QKV = ("query", "key", "value")
 
 
@@ -227,11 +229,11 @@ def test_transformer_lm_kernels_sharded_and_steps_through_fit_match_one_device(t
 
 def test_transformer_lm_trains_through_fit_on_a_mesh(text_dir, tmp_path):
     run = tmp_path / "run"
-    out = subprocess.run([*TFTRAIN, "train", "--config=text_lm", f"--model_dir={run}",
+    out = forked_cli.run(["train", "--config=text_lm", f"--model_dir={run}",
                           "--mesh=batch:2,model:2",
                           f"--params_override=data.dir={text_dir},runtime.strategy=dtensor,"
                           "train.epochs=2"],
-                         env=_env(), cwd=REPO, capture_output=True, text=True, timeout=TIMEOUT)
+                         env=_env(), cwd=REPO, timeout=TIMEOUT)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["strategy"] == "dtensor" and summary["dtensor"]["mesh"] == "batch:2,model:2"

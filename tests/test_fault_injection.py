@@ -1,9 +1,10 @@
 """Fault injection: `tftrain convert` and `tftrain train` killed with SIGKILL at points they must
 reach.
 
-Each command runs once uninterrupted first, as a subprocess of the console script: that is the
-reference output. Then it is started again and killed (SIGKILL to all its processes) as soon as
-it reaches each of 3 points in turn (a log line, or a file that only this attempt writes:
+Each command runs once uninterrupted first, as a process of its own (a child of the forked-CLI
+server, `tests/forked_cli.py`, as every attempt is): that is the reference output. Then it is
+started again and killed (SIGKILL to all its processes) as soon as it reaches each of 3 points
+in turn (a log line, or a file that only this attempt writes:
 the conversion's plan, its marker, its first temporary shard; a training backup drawn by a
 seeded generator in each of the first two thirds of the backups, the export being written), each
 time in the same directory and each followed by a rerun. Every kill must land while the command
@@ -23,19 +24,17 @@ import os
 import random
 import re
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
+from tests import forked_cli
 from tests.conftest import run_cli
 from tests.test_convert_atomic import descendants, running
 from tftrain import dir_lock, ownership
 from tftrain.data import manifest as manifest_lib
 
 pytestmark = pytest.mark.slow
-TFTRAIN = os.path.join(os.path.dirname(sys.executable), "tftrain")
 SEED = 20261201  # draws the training backups to kill after; in every failure message
 BOUND = 240  # seconds any one command may take before the test calls it a hang
 EPOCHS = 2
@@ -51,11 +50,9 @@ class Command:
     def _start(self, extra: list[str]):
         self.count += 1
         self.log_path = self.logs / f"run-{self.count}.log"
-        log = open(self.log_path, "w")
-        process = subprocess.Popen([TFTRAIN, *self.args, *extra], cwd=self.cwd, stdout=log,
-                                   stderr=subprocess.STDOUT, start_new_session=True)
-        log.close()
-        return process
+        with open(self.log_path, "w") as log:
+            return forked_cli.Popen([*self.args, *extra], cwd=self.cwd, stdout=log,
+                                    stderr=forked_cli.STDOUT)
 
     def tail(self) -> str:
         return self.log_path.read_text()[-3000:]
@@ -69,7 +66,7 @@ class Command:
         assert run_cli(*self.args, *extra) == 0
 
     def run(self, extra: list[str] = ()) -> None:
-        """Runs to the end as a subprocess; it must succeed."""
+        """Runs to the end as a process of its own; it must succeed."""
         process = self._start(list(extra))
         try:
             assert process.wait(timeout=BOUND) == 0, self.tail()

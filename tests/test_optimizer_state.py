@@ -196,10 +196,10 @@ def test_adafactor_trains_through_the_cli(cli, tmp_path, digits_dir, strategy):
 def test_dtensor_adafactor_with_sharded_state_resumes_through_the_cli(tmp_path, digits_dir):
     """SIGTERM after the first backup, then the same command: the batch-split slots are saved
     and restored as they are, and the run finishes."""
-    from tests.test_dtensor import TFTRAIN as DTENSOR_TFTRAIN, interrupted_then_resumed
+    from tests.test_dtensor import interrupted_then_resumed
 
     run = tmp_path / "run"
-    command = [*DTENSOR_TFTRAIN, "train", "--config=digits_dtensor", f"--model_dir={run}",
+    command = ["train", "--config=digits_dtensor", f"--model_dir={run}",
                f"--params_override=data.dir={digits_dir},train.epochs=3,train.optimizer=adafactor,"
                "train.learning_rate=0.01,runtime.shard_optimizer_state=true"]
     summary = interrupted_then_resumed(command, run)

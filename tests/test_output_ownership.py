@@ -8,13 +8,13 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
 import tf_keras as keras
 import yaml
 
+from tests import forked_cli
 from tests.conftest import PYTHON, REPO
 from tests.test_convert import Pipeline, output_names
 from tftrain import config as config_lib
@@ -27,7 +27,6 @@ from tftrain.errors import TftrainError
 from pipelines.base import Row
 
 FOREIGN_SHARDS = [f"train-{i:05d}-of-00008.tfrecord" for i in range(8)]
-TFTRAIN = os.path.join(os.path.dirname(sys.executable), "tftrain")
 
 
 def tiny_run_flags(digits_dir, epochs=1):
@@ -333,9 +332,9 @@ def test_a_second_train_into_the_same_model_dir_stops_at_once(tmp_path, digits_d
                                                                  monkeypatch):
     model_dir = tmp_path / "run"
     log = open(tmp_path / "first.log", "w")
-    first = subprocess.Popen([TFTRAIN, "train", f"--model_dir={model_dir}",
+    first = forked_cli.Popen(["train", f"--model_dir={model_dir}",
                               tiny_run_flags(digits_dir, epochs=1000)],
-                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                             stdout=log, stderr=forked_cli.STDOUT)
     try:
         deadline = time.monotonic() + 120
         while not (model_dir / "params.yaml").exists():

@@ -10,11 +10,11 @@ resume equal to an uninterrupted run) are at the end.
 import json
 import math
 import signal
-import subprocess
 
 import numpy as np
 import pytest
 
+from tests import forked_cli
 from tests.conftest import REPO
 from tftrain.errors import ConfigError
 
@@ -331,17 +331,17 @@ def exported_weights(run) -> dict:
 
 
 def test_sigkill_then_resume_equals_an_uninterrupted_run(digits_dir, tmp_path):
-    from tests.test_dtensor import TFTRAIN, TIMEOUT, _env, _wait_for_backup
+    from tests.test_dtensor import TIMEOUT, _env, _wait_for_backup
 
     def command(run):
-        return [*TFTRAIN, "train", "--config=digits", "--strategy=pipeline",
+        return ["train", "--config=digits", "--strategy=pipeline",
                 f"--model_dir={run}",
                 f"--params_override=data.dir={digits_dir},train.epochs=2,"
                 "train.steps_per_epoch=12,train.backup_every_steps=4,train.deterministic=true"]
 
     killed = tmp_path / "killed"
-    process = subprocess.Popen(command(killed), env=_env(), cwd=REPO, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
+    process = forked_cli.Popen(command(killed), env=_env(), cwd=REPO, stdout=forked_cli.DEVNULL,
+                               stderr=forked_cli.DEVNULL)
     try:
         _wait_for_backup(process, killed)
         process.send_signal(signal.SIGKILL)
@@ -350,8 +350,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(digits_dir, tmp_path):
         process.kill()
     assert not (killed / "summary.json").exists()
     for run in (killed, tmp_path / "whole"):
-        out = subprocess.run(command(run), env=_env(), cwd=REPO, capture_output=True, text=True,
-                             timeout=TIMEOUT)
+        out = forked_cli.run(command(run), env=_env(), cwd=REPO, timeout=TIMEOUT)
         assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((killed / "summary.json").read_text())
     assert summary["resumed_from"] and summary["strategy"] == "pipeline"

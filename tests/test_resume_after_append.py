@@ -8,26 +8,22 @@ the parts: the segmented stream (`data.order`) and the record of shards (`data.p
 """
 import json
 import math
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
+from tests import forked_cli
 from tests.conftest import REPO
 from tests.test_exact_resume import (BATCH, BOUND, FEATURES, CLASSES, _kill_after_backup, _train,
                                      overrides, read_ids, stream_ids)
 
-TFTRAIN = os.path.join(os.path.dirname(sys.executable), "tftrain")
 OLD, NEW = 300, 150  # training examples before and after the append
 EPOCHS = 4  # of the old data: 18 steps each, 72 in all
 STEPS = EPOCHS * (OLD // BATCH)
 
 
 def tftrain(*args):
-    done = subprocess.run([TFTRAIN, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=BOUND, stdin=subprocess.DEVNULL)
+    done = forked_cli.run(list(args), cwd=REPO, timeout=BOUND)
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 

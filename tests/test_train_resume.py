@@ -2,15 +2,13 @@
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
+from tests import forked_cli
 from tftrain.callbacks.preemption import PREEMPTED_EXIT_CODE
 
-TFTRAIN = os.path.join(os.path.dirname(sys.executable), "tftrain")
 EPOCHS, STEPS_PER_EPOCH = 3, 30
 pytestmark = pytest.mark.slow
 
@@ -19,12 +17,12 @@ def _command(model_dir, data_dir):
     overrides = (f"data.dir={data_dir},train.epochs={EPOCHS},train.steps_per_epoch={STEPS_PER_EPOCH},"
                  "train.backup_every_steps=5,model.name=mlp,model.params={hidden_units: [32]},"
                  "data.batch_size=16")
-    return [TFTRAIN, "train", f"--model_dir={model_dir}", f"--params_override={overrides}"]
+    return ["train", f"--model_dir={model_dir}", f"--params_override={overrides}"]
 
 
 def _start(command, log_path):
     log = open(log_path, "w")
-    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True), log
+    return forked_cli.Popen(command, stdout=log, stderr=forked_cli.STDOUT), log
 
 
 def _wait_for_backup(process, model_dir, timeout=180):
