@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.pipeline_testutil import load_all
+from tests.shared_runs import text_lm_run  # noqa: F401  (a fixture)
 from tftrain import config as config_lib
 from tftrain.callbacks import curves
 from tftrain.tasks.language_model import LanguageModelTask
@@ -30,8 +31,10 @@ def train_run(text_dir, run, overrides: str = ""):
 
 
 @pytest.fixture(scope="module")
-def lm_run(text_dir, tmp_path_factory):
-    return train_run(text_dir, tmp_path_factory.mktemp("bpb") / "run")
+def lm_run(text_lm_run):
+    """text_lm on one device: the run tests/test_language_model.py asks questions of too
+    (`tests/shared_runs.py`: 60 steps; read-only)."""
+    return text_lm_run
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ generate`."""
 import glob
 import json
 import math
+import shutil
 from collections import Counter
 
 import numpy as np
@@ -16,21 +17,17 @@ from pipelines.text import (END_ID, FIRST_TOKEN_ID, OOV_ID, Characters, build_vo
                            embedded_text)
 from tests.conftest import run_cli
 from tests.pipeline_testutil import convert, load_all
+from tests.shared_runs import text_lm_run  # noqa: F401  (a fixture)
 from tftrain import config as config_lib
 from tftrain import tasks
-from tftrain.engine import train
 from tftrain.errors import DataError
 
 
-
-
 @pytest.fixture(scope="module")
-def lm_run(text_dir, tmp_path_factory):
-    """The shipped config, trained for 2 of its 4 epochs (60 steps of 64 windows)."""
-    run = tmp_path_factory.mktemp("lm") / "run"
-    config = config_lib.build_config("text_lm", overrides=f"data.dir={text_dir},train.epochs=2")
-    train.train(config, str(run))
-    return run
+def lm_run(text_lm_run):
+    """The shipped config, trained for 2 of its 4 epochs (60 steps of 64 windows): the run
+    tests/test_bits_per_byte.py asks questions of too (`tests/shared_runs.py`; read-only)."""
+    return text_lm_run
 
 
 def unigram_perplexity(text_dir) -> float:
@@ -157,7 +154,7 @@ def test_the_trained_model_beats_a_unigram_model_of_the_same_tokens(lm_run, text
 
 
 def test_the_export_loads_predicts_and_evaluates_with_the_task_metrics(lm_run, text_dir, cli,
-                                                                       capsys):
+                                                                       capsys, tmp_path):
     import tensorflow as tf
 
     (version,) = glob.glob(str(lm_run / "export" / "[0-9]*"))
@@ -172,9 +169,11 @@ def test_the_export_loads_predicts_and_evaluates_with_the_task_metrics(lm_run, t
     assert from_examples["logits"].shape == (2, 64, vocab_size)
 
     capsys.readouterr()
-    assert cli("evaluate", f"--model={lm_run / 'export'}", f"--data={text_dir}",
+    own = tmp_path / "run"  # the run is shared read-only: its export, copied, gets the result
+    shutil.copytree(lm_run / "export", own / "export")
+    assert cli("evaluate", f"--model={own / 'export'}", f"--data={text_dir}",
                "--split=test") == 0
-    evaluated = json.loads((lm_run / "eval_test.json").read_text())
+    evaluated = json.loads((own / "eval_test.json").read_text())  # beside the export
     summary = json.loads((lm_run / "summary.json").read_text())
     assert evaluated["task"] == "language_model"
     assert math.isclose(evaluated["perplexity"], summary["eval"]["perplexity"], rel_tol=1e-3)

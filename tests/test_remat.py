@@ -2,31 +2,28 @@
 with each Transformer block's activations recomputed in the backward pass."""
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import tf_keras as keras
 
-from tests.conftest import REPO
+from tests import forked_cli
 from tftrain.engine.export import saved_model_dir
 from tftrain.models.transformer import recomputed_block_class
 
-TFTRAIN = os.path.join(os.path.dirname(sys.executable), "tftrain")
 TIMEOUT = 600
-STEPS = "train.steps=3,train.deterministic=true"
-
-
-def tftrain(*args, cwd):
-    return subprocess.run([TFTRAIN, *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=TIMEOUT, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+# 3 steps; the validation and the final test on one batch each: the tests ask whether a
+# recomputed model trains, exports and keeps its layouts, not how well it learns.
+STEPS = "train.steps=3,train.validation_steps=1,train.test_steps=1"
 
 
 def trained(cwd, name: str, config: str, overrides: str, *flags) -> list:
-    """Trains `config` into runs/<name>; returns the exported model's weights."""
-    done = tftrain("train", f"--config={config}", f"--model_dir=runs/{name}",
-                   f"--params_override={overrides}", *flags, cwd=cwd)
+    """Trains `config` into runs/<name> in its own process (op determinism and the DTensor
+    mesh's logical devices are process-wide: `tests/forked_cli.py`); returns the exported
+    model's weights."""
+    done = forked_cli.run(["train", f"--config={config}", f"--model_dir=runs/{name}",
+                           f"--params_override={overrides}", *flags], cwd=cwd,
+                          env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr[-3000:]
     recomputed_block_class()  # registered, for loading the export
     model = keras.models.load_model(saved_model_dir(str(cwd / "runs" / name / "export")),
@@ -44,7 +41,10 @@ def assert_same_weights(recomputed: list, kept: list) -> None:
 def test_recomputed_blocks_train_to_the_same_weights(name):
     """From the same weights, five steps of the run's Adam: the same weights
     (recomputation changes what is kept, not what is computed). A CLI run of each draws its
-    blocks' initial weights in another order, so the runs are compared from equal weights."""
+    blocks' initial weights in another order, so the runs are compared from equal weights.
+    The steps run eagerly: `tf.recompute_grad` recomputes the block in the backward pass there
+    as in a graph, and the two models cost ~1 s of steps instead of ~5 s of tracing each (the
+    CLI runs below train the recomputed blocks in a graph)."""
     import tensorflow as tf
 
     from tftrain import config as config_lib, models
@@ -61,7 +61,8 @@ def test_recomputed_blocks_train_to_the_same_weights(name):
             model.set_weights(start)
         start = model.get_weights()
         model.compile(optimizers.make_optimizer(train_config, 5, 5),
-                      keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      run_eagerly=True)
         ids = np.random.default_rng(0).integers(1, 50, (8, 16))
         labels = ids if name == "transformer_lm" else ids[:, 0] % 50
         for _ in range(5):
@@ -73,32 +74,35 @@ def test_recomputed_blocks_train_to_the_same_weights(name):
 
 
 @pytest.fixture(scope="module")
-def lm_run(tmp_path_factory):
-    """text_lm from its default data path, with recomputation."""
+def lm_run(tmp_path_factory, text_dir):
+    """text_lm with recomputation and deterministic ops, on the session's converted text
+    (converted as text_lm's default data path converts it)."""
     cwd = tmp_path_factory.mktemp("user")
-    trained(cwd, "remat", "text_lm", f"{STEPS},model.params.remat=true")
+    trained(cwd, "remat", "text_lm", f"data.dir={text_dir},{STEPS},train.deterministic=true,"
+            "model.params.remat=true")
     return cwd
 
 
-def test_a_recomputed_language_model_trains_exports_and_generates(lm_run):
+def test_a_recomputed_language_model_trains_exports_and_generates(lm_run, cli, capsys):
     cwd = lm_run
     summary = json.loads((cwd / "runs/remat/summary.json").read_text())
     assert summary["steps"] == 3 and np.isfinite(summary["eval"]["loss"])
     params = (cwd / "runs/remat/params.yaml").read_text()
     assert "remat: true" in params and "width: 64" in params  # the config's model, recomputed
-    generated = tftrain("generate", "--model_dir=runs/remat", "--prompt=The ",
-                        "--max_tokens=5", "--seed=1", cwd=cwd)
-    assert generated.returncode == 0 and generated.stdout.startswith("The "), generated.stderr
+    capsys.readouterr()
+    code = cli("generate", f"--model_dir={cwd / 'runs/remat'}", "--prompt=The ",
+               "--max_tokens=5", "--seed=1")
+    generated = capsys.readouterr()
+    assert code == 0 and generated.out.startswith("The "), generated.err[-2000:]
 
 
-def test_a_recomputed_model_on_a_dtensor_mesh(lm_run):
+def test_a_recomputed_model_on_a_dtensor_mesh(tmp_path, text_dir):
     """The blocks' weights keep their Megatron layouts inside a recomputed block."""
-    cwd = lm_run
-    weights = trained(cwd, "remat-dtensor", "text_lm",
-                      "train.steps=3,model.params.remat=true,runtime.strategy=dtensor",
-                      "--mesh=batch:2,model:2")
+    weights = trained(tmp_path, "remat-dtensor", "text_lm",
+                      f"data.dir={text_dir},{STEPS},model.params.remat=true,"
+                      "runtime.strategy=dtensor", "--mesh=batch:2,model:2")
     assert all(np.isfinite(w).all() for w in weights)
-    summary = json.loads((cwd / "runs/remat-dtensor/summary.json").read_text())
+    summary = json.loads((tmp_path / "runs/remat-dtensor/summary.json").read_text())
     layouts = summary["dtensor"]["layouts"]
     assert layouts["block_0.attention._query_dense.kernel"] == "unsharded,model,unsharded"
     assert layouts["block_1.mlp_out.kernel"] == "model,unsharded"
@@ -106,11 +110,14 @@ def test_a_recomputed_model_on_a_dtensor_mesh(lm_run):
         summary["dtensor"]["memory"]["weights_bytes_per_device"])
 
 
-def test_remat_with_dropout_is_refused_in_one_line(tmp_path):
-    # With the config's dropout (0.1), recomputation would draw other masks: one line.
-    refused = tftrain("train", "--config=text_classification", "--model_dir=runs/refused",
-                      "--params_override=model.params.remat=true", cwd=tmp_path)
-    assert refused.returncode == 2, refused.stderr[-2000:]
-    errors = [line for line in refused.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1 and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+def test_remat_with_dropout_is_refused_in_one_line(tmp_path, text_dir, cli, capfd):
+    # With dropout (0.1, as text_classification ships), recomputation would draw other masks:
+    # one line, raised while the model is built (in-process: no step runs before it).
+    code = cli("train", "--config=text_lm", f"--model_dir={tmp_path / 'refused'}",
+               f"--params_override=data.dir={text_dir},model.params.dropout=0.1,"
+               "model.params.remat=true")
+    err = capfd.readouterr().err
+    assert code == 2, err[-2000:]
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "Traceback" not in err, err[-2000:]
     assert "model.params.dropout=0" in errors[0] and "recomputed" in errors[0], errors

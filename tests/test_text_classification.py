@@ -1,5 +1,5 @@
 """Text classification end to end: the jsonl pipeline's embedded default (Unicode character
-names, 5 classes), a `transformer` trained by the shipped config (2 of its 8 epochs), the
+names, 5 classes), a `transformer` trained by the shipped config (1 of its 5 epochs), the
 export's raw-string signature against the model on the tokenized ids, and `tftrain evaluate`
 on the export."""
 import glob
@@ -21,12 +21,13 @@ CHANCE = 1 / len(EMBEDDED_CLASSES)
 
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):
-    """The shipped config, trained for 2 of its 8 epochs; its dataset converted by the default
-    path (no dataset yet: the embedded records). Returns (run dir, data dir)."""
+    """The shipped config, trained for 1 of its 5 epochs (37 steps of 64 names); its dataset
+    converted by the default path (no dataset yet: the embedded records). Returns (run dir,
+    data dir)."""
     root = tmp_path_factory.mktemp("text_classification")
     data_dir, run = root / "data", root / "run"
     config = config_lib.build_config("text_classification",
-                                     overrides=f"data.dir={data_dir},train.epochs=2")
+                                     overrides=f"data.dir={data_dir},train.epochs=1")
     train.train(config, str(run))
     return run, data_dir
 
@@ -47,6 +48,7 @@ def test_the_transformer_learns_the_classes(text_run):
     info = json.loads((data_dir / "dataset.json").read_text())["info"]
     assert info["tokenizer"] == "TextVectorization" and info["source"] == "unicodedata"
     assert info["class_names"] == sorted(EMBEDDED_CLASSES.values())
+    # 0.744 measured after the one epoch (0.79 after two), chance 0.2: 0.6 keeps a margin.
     assert summary["eval"]["accuracy"] > CHANCE + 0.4, summary["eval"]
 
 

@@ -58,12 +58,16 @@ def test_foreign_tfrecords_train_evaluate_prune_and_quantize_in_place(cli, capsy
                                                                        tmp_path):
     before = _listing(foreign_dir)
     run = tmp_path / "run"
+    # A small MLP (the questions are about the files, not the model): train, prune and
+    # quantize cost ~3/4 of the CPU of the digits CNN.
     assert cli("train", f"--model_dir={run}", "--params_override=data.format=tfrecord,"
                f"data.dir={foreign_dir},data.pipeline=digits,data.info={{num_classes: 10}},"
-               "train.epochs=2") == 0
+               "model.name=mlp,model.params={hidden_units: [64]},train.learning_rate=0.01,"
+               "train.epochs=4") == 0
     summary = json.loads((run / "summary.json").read_text())
-    assert summary["data_dir"] == str(foreign_dir) and summary["epochs"] == 2
-    assert summary["eval"]["accuracy"] > 0.8  # the digits CNN (2 epochs) on the foreign copy of digits
+    assert summary["data_dir"] == str(foreign_dir) and summary["epochs"] == 4
+    # images and labels read as written: 0.904 measured (4 epochs of 43 steps), chance 0.1
+    assert summary["eval"]["accuracy"] > 0.8
     assert cli("evaluate", f"--model={run}/export", f"--data={foreign_dir}", "--pipeline=digits",
                "--split=test", f"--output={tmp_path / 'eval.json'}") == 0
     evaluated = json.loads((tmp_path / "eval.json").read_text())
