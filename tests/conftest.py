@@ -144,3 +144,32 @@ def pytest_collection_modifyitems(config, items):
         return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
     items.sort(key=rank)  # stable: the order inside each file is kept
+
+
+def _cpu_seconds() -> float:
+    """CPU used so far by this process, its waited children and its forkserver's commands."""
+    from multiprocessing import forkserver
+
+    times = os.times()
+    total = times.user + times.system + times.children_user + times.children_system
+    server = forkserver._forkserver._forkserver_pid
+    if server:
+        try:
+            with open(f"/proc/{server}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += sum(int(v) for v in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+        except FileNotFoundError:
+            pass
+    return total
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With TFTRAIN_TEST_CPU_LOG=PATH, appends each test's CPU seconds (setup, call and
+    teardown, with the processes it ran) to PATH: where the suite's CPU budget goes."""
+    log = os.environ.get("TFTRAIN_TEST_CPU_LOG")
+    before = _cpu_seconds() if log else 0.0
+    yield
+    if log:
+        with open(log, "a") as f:
+            f.write(f"{_cpu_seconds() - before:.1f}\t{item.nodeid}\n")

@@ -24,6 +24,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from multiprocessing import reduction
 
@@ -70,6 +71,7 @@ def _run_in_child(argv, cwd, env, stdin, stdout, stderr, started) -> None:
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
+    tempfile.tempdir = None  # chosen again from this environment's TMPDIR, as a new process does
     sys.argv = list(argv)
     os.close(started)
     code = 0
