@@ -2,7 +2,10 @@
 import json
 import subprocess
 
+import pytest
+
 from tests.conftest import PYTHON, REPO
+from tftrain.cli import COMMANDS
 
 
 def run_subprocess(*args, timeout=60):
@@ -119,3 +122,15 @@ def test_every_command_module_loads_beside_the_others():
              "for name in COMMANDS:\n    importlib.import_module(f'tftrain.cli.{name}')\nprint('ok')")
     result = subprocess.run([PYTHON, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "ok", result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("order", ["listed", "reversed"])
+def test_every_command_module_imports_beside_the_others(order):
+    """One process may import several commands (a test process, an embedding program): no flag
+    is defined twice, whichever order they come in (generate before convert raised
+    DuplicateFlagError on their shared --seed)."""
+    names = list(COMMANDS) if order == "listed" else list(reversed(COMMANDS))
+    probe = "; ".join(f"import tftrain.cli.{name}" for name in names) + "; print('imported')"
+    result = subprocess.run([PYTHON, "-c", probe], cwd=REPO, capture_output=True, text=True,
+                            timeout=120)
+    assert result.stdout.strip() == "imported", result.stderr[-2000:]

@@ -38,6 +38,9 @@ _DEFINITIONS = {
         "data, model splits the weights (runtime.mesh)."),
     "data": lambda: flags.DEFINE_string(
         "data", None, "Dataset directory (with dataset.json)."),
+    "seed": lambda: flags.DEFINE_integer(
+        "seed", 0, "Seed: convert, of spreading examples over shards; generate, of the "
+        "sampling (the same seed writes the same text)."),
     "split": lambda: flags.DEFINE_string("split", "test", "Dataset split to use."),
     "pipeline": lambda: flags.DEFINE_string(
         "pipeline", None, "Dataset kind: digits, diabetes, image_folder, csv, numpy, tfds, jsonl, "

@@ -21,7 +21,7 @@ from tftrain import quiet_start
 from tftrain.cli.common import parse_pipeline_options, require, use_flags
 
 FLAGS = flags.FLAGS
-use_flags(__name__, "overwrite", "output", "pipeline", "pipeline_options")
+use_flags(__name__, "overwrite", "output", "pipeline", "pipeline_options", "seed")
 flags.DEFINE_string("input", "", "Raw input: a directory, file or TFDS name, as the pipeline expects.")
 flags.DEFINE_string("splits", None, "Split fractions, e.g. train:0.8,validation:0.1,test:0.1, "
                     "assigned from a hash of each row's key; default: the source's own splits.")
@@ -32,7 +32,6 @@ flags.DEFINE_float("shard_size_mb", None, "Target shard size in MB (default 150)
                    "the input; at least one shard per worker.")
 flags.DEFINE_float("max_bad_fraction", 0.01, "Fail (and leave no dataset) when more than this "
                    "fraction of the rows are bad.")
-flags.DEFINE_integer("seed", 0, "Seed for spreading examples over shards.")
 flags.DEFINE_enum("runner", "local", ["local", "beam"], "local: worker processes on this machine; "
                   "beam: an Apache Beam pipeline (pip install 'tftrain[beam]').")
 flags.DEFINE_boolean("append", False, "Add the input's rows to the tftrain dataset in --output as "

@@ -12,16 +12,13 @@ from tftrain import quiet_start
 from tftrain.cli.common import require, use_flags
 
 FLAGS = flags.FLAGS
-use_flags(__name__, "model_dir")
+use_flags(__name__, "model_dir", "seed")
 flags.DEFINE_string("prompt", None, "The text to continue.")
 flags.DEFINE_integer("max_tokens", 200, "How many tokens (characters) to add.", lower_bound=0)
 flags.DEFINE_float("temperature", 0.8, "Sampling temperature; 0: greedy (the most likely "
                    "token each time).", lower_bound=0.0)
 flags.DEFINE_integer("top_k", 0, "Sample among the K most likely tokens only; 0: all.",
                      lower_bound=0)
-if "seed" not in FLAGS:  # `convert` defines one too (both may be imported in one process)
-    flags.DEFINE_integer("seed", 0, "Seed of the sampling: the same seed writes the same text.")
-FLAGS.register_key_flag_for_module(__name__, FLAGS["seed"])
 
 
 def main(argv):
