@@ -174,3 +174,22 @@ def test_a_sigterm_after_the_last_step_stops_the_run_with_its_backup(tmp_path, d
         model.fit(dataset, epochs=2, steps_per_epoch=3, verbose=0,
                   callbacks=[SigtermAtTheLastEpochEnd(), backup, PreemptionCallback(handler, backup)])
     assert handler.received and steps_done(backup_dir, 3) == 6
+
+
+def test_a_sigterm_that_c_code_reports_as_another_error_is_still_preempted():
+    """Raised from the handler inside TensorFlow's C code (tracing the export), CPython can turn
+    the Preempted into `SystemError: ... bad argument to internal function` with the Preempted
+    as its context (seen in this file's tests): the run still ends as preempted (exit 143), not
+    in a traceback. An error of its own is left as it is."""
+    from tftrain.callbacks.preemption import SigtermHandler
+
+    with pytest.raises(Preempted, match="stopped by SIGTERM") as raised:
+        with SigtermHandler():
+            try:
+                raise Preempted("stopped by SIGTERM; run the same command again to resume")
+            except Preempted:
+                raise SystemError("Objects/listobject.c:338: bad argument to internal function")
+    assert raised.value.exit_code == 143
+    with pytest.raises(SystemError):
+        with SigtermHandler():
+            raise SystemError("not a signal")

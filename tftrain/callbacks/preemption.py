@@ -40,10 +40,15 @@ class SigtermHandler:
             self._previous = signal.signal(signal.SIGTERM, self._handle)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, traceback):
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
+        preempted = _preempted_in_chain(exc)
+        if preempted is not None and preempted is not exc:
+            # Raised from the handler inside C code (TensorFlow tracing an export), Python can
+            # report it as a SystemError whose context is the Preempted: it is the Preempted.
+            raise preempted from None
         return False
 
     def _handle(self, signum, frame):
@@ -52,6 +57,17 @@ class SigtermHandler:
                         else "exiting (the last backup is on disk)")
         if not self.deferred:
             raise Preempted("stopped by SIGTERM; run the same command again to resume")
+
+
+def _preempted_in_chain(error: BaseException | None) -> Preempted | None:
+    """The `Preempted` among `error` and the exceptions it was raised from or during."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, Preempted):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 class PreemptionCallback(keras.callbacks.Callback):
