@@ -30,6 +30,13 @@ def pytest_configure(config):
         cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(TEST_CPU_DEVICES)])
 
 
+def pytest_report_header(config):
+    """The CPU the suite runs on (its speed decides the suite's time: docs/testing.md)."""
+    from tftrain import host
+
+    return f"cpu: {host.cpu_name()}, {os.cpu_count()} cores"
+
+
 def pytest_unconfigure(config):
     """Stops this process's forkserver (`tests/forked_cli.py`, the converter) and waits for it,
     so the CPU time of the commands forked from it is counted with this process's children

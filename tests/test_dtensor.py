@@ -213,7 +213,9 @@ def _wait_for_backup(process, run, timeout=TIMEOUT):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         backup = run / "backup"
-        if backup.exists() and any(f.name.endswith(".index") for f in backup.rglob("*")):
+        # the state file, written once a backup's files are complete: an .index alone may be a
+        # backup still being written, which a rerun rightly does not trust
+        if backup.exists() and any(f.name == "checkpoint" for f in backup.rglob("*")):
             return
         if process.poll() is not None:
             raise AssertionError(f"training ended before its first backup: {process.returncode}")

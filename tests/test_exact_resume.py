@@ -31,11 +31,23 @@ BOUND = 240  # seconds any one run here may take before the test calls it a hang
 KILL_SEED = 20260405  # draws the step to kill at; printed and in the failure messages: replay it
 
 
-def recording_model(input_shape, num_classes, ids_dir="", dropout=0.3):
+def recording_model(input_shape, num_classes, ids_dir="", dropout=0.3, hold_at=0, gate=""):
     """Prints the ids (feature 0) of each training batch to `ids_dir`/replica-<r>.txt, then
-    a dense layer, dropout and the logits on the other features."""
+    a dense layer, dropout and the logits on the other features. With `gate`, a training batch
+    once `hold_at` batches are recorded waits (bounded) until the file `gate` exists, after
+    creating `<gate>.held`: a test kills the process there, at a known step, however fast it is."""
     import tensorflow as tf
     import tf_keras as keras
+
+    def hold(ids):
+        path = os.path.join(ids_dir, "replica-0.txt")
+        recorded = open(path).read().count("\n") if os.path.exists(path) else 0
+        if gate and recorded >= hold_at and not os.path.exists(gate):
+            open(f"{gate}.held", "w").close()
+            deadline = time.monotonic() + BOUND
+            while not os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return ids
 
     class RecordIds(keras.layers.Layer):
         def call(self, inputs, training=None):
@@ -43,8 +55,10 @@ def recording_model(input_shape, num_classes, ids_dir="", dropout=0.3):
                 context = tf.distribute.get_replica_context()
                 replica = tf.get_static_value(context.replica_id_in_sync_group) if context else 0
                 path = os.path.join(ids_dir, f"replica-{int(replica)}.txt")
-                tf.print(tf.cast(inputs[:, 0], tf.int64), output_stream="file://" + path,
-                         summarize=-1)
+                ids = tf.cast(inputs[:, 0], tf.int64)
+                if gate:
+                    ids = tf.py_function(hold, [ids], tf.int64)
+                tf.print(ids, output_stream="file://" + path, summarize=-1)
             return inputs[:, 1:]
 
     inputs = keras.Input(input_shape, name="inputs")
@@ -73,11 +87,12 @@ def id_data(tmp_path_factory):
     return str(root / "data")
 
 
-def overrides(data_dir, ids_dir, **extra) -> str:
+def overrides(data_dir, ids_dir, hold_at=0, gate="", **extra) -> str:
+    held = f", hold_at: {hold_at}, gate: '{gate}'" if gate else ""
     values = {"data.dir": data_dir, "data.batch_size": BATCH, "data.shuffle_buffer": 64,
               "train.epochs": 2, "train.backup_every_steps": 5,
               "model.name": "tests.test_exact_resume:recording_model",
-              "model.params": f"{{ids_dir: '{ids_dir}'}}", **extra}
+              "model.params": f"{{ids_dir: '{ids_dir}'{held}}}", **extra}
     return ",".join(f"{key}={value}" for key, value in values.items())
 
 
@@ -118,9 +133,10 @@ def _train(model_dir, overrides_text, env=None) -> Running:
                    cwd=REPO, env=env)
 
 
-def _kill_after_backup(run: Running, model_dir, ids_file, min_lines: int, victim=None) -> None:
+def _kill_after_backup(run: Running, model_dir, ids_file, min_lines: int, victim=None,
+                       held: str = "") -> None:
     """SIGKILLs `run` (or the process `victim()` names) once it has backed up and trained at
-    least `min_lines` batches."""
+    least `min_lines` batches (and, with `held`, once that file says it waits at a gate)."""
     marker = os.path.join(model_dir, "backup", "chief", "checkpoint")
     deadline = time.monotonic() + BOUND
     while time.monotonic() < deadline:
@@ -128,7 +144,7 @@ def _kill_after_backup(run: Running, model_dir, ids_file, min_lines: int, victim
         if os.path.exists(ids_file):
             with open(ids_file) as f:
                 lines = f.read().count("\n")
-        if lines >= min_lines and os.path.exists(marker):
+        if lines >= min_lines and os.path.exists(marker) and (not held or os.path.exists(held)):
             if victim:
                 os.kill(victim(), signal.SIGKILL)
             else:
@@ -183,24 +199,32 @@ def test_sigkill_at_a_random_step_then_the_same_command(tmp_path, id_data, devic
     ids = {name: tmp_path / f"ids-{name}" for name in ("reference", "resumed")}
     for path in ids.values():
         path.mkdir()
-    resumed_overrides = overrides(id_data, ids["resumed"], **extra)
-
-    first = _train(tmp_path / "run", resumed_overrides)
     kill_at = random.Random(KILL_SEED + devices).randint(7, 2 * STEPS_PER_EPOCH - 6)  # > a backup
     print(f"\nKILL_SEED={KILL_SEED}: SIGKILL after {kill_at} batches")
+    # The killed attempt holds at batch kill_at + 1 until `gate` exists: the kill lands there
+    # however fast the process runs. Every run has the same graph (the reference's gate is open).
+    gate, open_gate = tmp_path / "gate", tmp_path / "gate-open"
+    open_gate.touch()
+    resumed_overrides = overrides(id_data, ids["resumed"], kill_at, gate, **extra)
+
+    first = _train(tmp_path / "run", resumed_overrides)
     failures = []
 
     def kill():
         try:
             _kill_after_backup(first, str(tmp_path / "run"),
-                               str(ids["resumed"] / "replica-0.txt"), kill_at)
+                               str(ids["resumed"] / "replica-0.txt"), kill_at,
+                               held=f"{gate}.held")
         except BaseException as e:  # reported by the test thread
             failures.append(e)
+        finally:
+            gate.touch()  # the resumed run (the same command) goes through
 
     killer = threading.Thread(target=kill)
     killer.start()
     try:  # the uninterrupted run, meanwhile
-        _train_in_process(tmp_path / "reference", overrides(id_data, ids["reference"], **extra),
+        _train_in_process(tmp_path / "reference",
+                          overrides(id_data, ids["reference"], kill_at, open_gate, **extra),
                           monkeypatch, dumps["reference"])
         killer.join(BOUND)
     finally:
