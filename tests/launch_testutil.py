@@ -31,18 +31,8 @@ def wait_gone(pids, timeout: float = 30) -> bool:
     return not any(pid_alive(p) for p in pids)
 
 
-def interruptible() -> None:
-    """`preexec_fn` for a child that tests interrupt: SIGINT and SIGTERM at their defaults and
-    unblocked. A child inherits ignored and blocked signals from the test process, and some
-    library in the suite's processes leaves SIGINT so (seen: a conversion and a tf.data service
-    worker that never saw the Ctrl-C a test sent them, only in full-suite runs)."""
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())
-
-
 class Running:
-    """A tftrain subprocess whose output is collected line by line in the background."""
+    """A forked tftrain process whose output is collected line by line in the background."""
 
     def __init__(self, args: list[str], cwd, env: dict | None = None):
         self.lines: list[str] = []

@@ -9,7 +9,6 @@ import io
 import json
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -33,7 +32,8 @@ FEATURES = {"x": {"dtype": "int64", "shape": []}, "label": {"dtype": "int64", "s
 class Pipeline(BasePipeline):
     """Rows `row/00000`.. with value i. Options (strings, as from --pipeline_options):
     n (rows), bad_every (encode raises BadRow when i % bad_every == 1), bad_read_every (read
-    yields a BadRow value), fail_at (encode raises RuntimeError), sleep_ms (per row)."""
+    yields a BadRow value), fail_at (encode raises RuntimeError), kill_at (the process
+    SIGKILLs itself encoding that row)."""
 
     name = "tests.test_convert"
     default_splits = {"train": 0.8, "test": 0.2}
@@ -45,7 +45,6 @@ class Pipeline(BasePipeline):
         self.bad_read_every = int(options.get("bad_read_every", 0))
         self.fail_at = int(options.get("fail_at", -1))
         self.kill_at = int(options.get("kill_at", -1))
-        self.sleep_s = float(options.get("sleep_ms", 0)) / 1000
 
     def prepare(self, source):
         return {"num_classes": 3}
@@ -62,8 +61,6 @@ class Pipeline(BasePipeline):
 
     def encode(self, row, info):
         i = row.value
-        if self.sleep_s:
-            time.sleep(self.sleep_s)
         if i == self.kill_at:  # a worker dying without a word (the OOM killer, kill -9)
             os.kill(os.getpid(), signal.SIGKILL)
         if i == self.fail_at:
