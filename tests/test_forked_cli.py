@@ -1,6 +1,8 @@
 """The forked-CLI server (`tests/forked_cli.py`): its children are `tftrain` as a shell starts it."""
+import json
 import os
 import subprocess
+import sys
 
 from tests import forked_cli
 
@@ -50,3 +52,34 @@ def test_a_timed_out_child_is_killed(tmp_path):
     except subprocess.TimeoutExpired:
         return
     raise AssertionError("a dispatcher that never ends returned")
+
+
+PRELOAD_PROBE = """
+import json, sys
+import tftrain.cli.preload
+from tensorflow.python.eager import context
+print(json.dumps({
+    "runtime_started": context.context()._context_handle is not None,
+    "command_modules": sorted(m for m in sys.modules if m.startswith("tftrain.cli.")
+                              and m != "tftrain.cli.preload"),
+    "tensorflow": "tensorflow" in sys.modules, "engine": "tftrain.engine.train" in sys.modules,
+}))
+"""
+
+
+def test_the_server_imports_tensorflow_and_the_engine_but_runs_nothing_and_defines_no_flags():
+    """Forking is safe only while no TensorFlow runtime exists; a command module preloaded would
+    define its flags in every child (`tftrain convert --task_index=1` accepted)."""
+    done = subprocess.run([sys.executable, "-c", PRELOAD_PROBE], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == {
+        "runtime_started": False, "command_modules": [], "tensorflow": True, "engine": True}
+
+
+def test_a_child_knows_only_its_own_commands_flags(tmp_path):
+    done = forked_cli.run(["convert", "--task_index=1", "--pipeline=digits", "--output=d"],
+                          cwd=tmp_path, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "Unknown command line flag 'task_index'" in done.stderr, done.stderr
+    assert not (tmp_path / "d").exists()

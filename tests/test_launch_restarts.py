@@ -40,6 +40,11 @@ def _chief_backup(model_dir):
         return 0
 
 
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
 def test_two_sigkills_are_healed_and_the_run_finishes(tmp_path, digits_dir):
     model_dir, weights, worker_tmp = tmp_path / "run", tmp_path / "weights", tmp_path / "worker_tmp"
     worker_tmp.mkdir()
@@ -54,6 +59,8 @@ def test_two_sigkills_are_healed_and_the_run_finishes(tmp_path, digits_dir):
         killed_at = run.wait_for_index(rf"^\[worker 1\] Epoch 2/{EPOCHS}", BOUND)
         assert not [line for line in run.lines if "; restart " in line], run.output
         first = run.worker_pids()
+        server = _parent(first[1])  # workers fork from one server that imported TensorFlow
+        assert server != run.process.pid and _parent(server) == run.process.pid, run.output
         os.kill(first[1], signal.SIGKILL)
         restart = run.wait_for_index(r"^\[launch\] .*; restart 1 of 2: ", 120, start=killed_at)
         # 2. The chief, in epoch 4 of the second attempt, once it has backed up a step of it
@@ -61,6 +68,7 @@ def test_two_sigkills_are_healed_and_the_run_finishes(tmp_path, digits_dir):
         run.wait_for_index(r"^\[launch\] worker 1: pid", 60, start=restart)
         second = run.worker_pids()
         assert set(second.values()).isdisjoint(first.values()), run.output
+        assert _parent(second[0]) == server  # a restart does not import TensorFlow again
         run.wait_for_index(rf"^\[worker 0\] Epoch 4/{EPOCHS}", BOUND, start=restart)
         backed_up = _chief_backup(model_dir)
         deadline = time.monotonic() + BOUND

@@ -2,6 +2,7 @@
 with its parent."""
 from __future__ import annotations
 
+import os
 import platform
 import signal
 
@@ -37,6 +38,21 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
+
+
+def leave_forkserver() -> None:
+    """In a child of multiprocessing's forkserver: closes the server's "alive" pipe, which the
+    child inherits so that it could start processes through the same server. While any child
+    holds it, the server outlives the process that started it, and so a child that asked to die
+    with its parent (the server) outlives that process too. A process the child starts later
+    comes from a server of its own, as in a process started fresh."""
+    from multiprocessing import forkserver
+
+    client = forkserver._forkserver  # noqa: SLF001  (no public way to drop the inherited pipe)
+    if client._forkserver_pid is None and client._forkserver_alive_fd is not None:
+        os.close(client._forkserver_alive_fd)
+        client._forkserver_alive_fd = None
+        client._forkserver_address = None
 
 
 def _cpu_fields() -> dict[str, str] | None:

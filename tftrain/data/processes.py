@@ -7,8 +7,11 @@ starts it early (the CLI calls it first thing), so its import overlaps the calle
 """
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
+
+from tftrain import forked
 
 PRELOAD = ["tftrain.data.worker_preload"]
 # A source of at most this many rows is written by one process (`shard_plan` samples this many).
@@ -35,15 +38,32 @@ def context():
     return ctx
 
 
+_started_here = False  # whether this process started the forkserver (`warm_up`)
+
+
 def warm_up() -> None:
     """Starts the forkserver now (non-blocking: it imports TensorFlow in the background)."""
-    from multiprocessing import forkserver
-
-    context()
+    global _started_here
     try:
-        forkserver.ensure_running()
+        _started_here = forked.start_server(PRELOAD) or _started_here
     except (OSError, ValueError):
         pass  # the writer starts it (or reports why it cannot) when it needs workers
+
+
+@contextlib.contextmanager
+def server(needed: bool):
+    """The forkserver, started now when `needed` and stopped at the end when this process
+    started it (here or in `warm_up`): idle, it would hold TensorFlow's memory for as long as
+    the process lives, through a whole `train` that converted its data on first use."""
+    global _started_here
+    if needed:
+        warm_up()
+    try:
+        yield
+    finally:
+        if _started_here:
+            _started_here = False
+            forked.stop_server()
 
 
 def pid_alive(pid: int) -> bool:

@@ -18,7 +18,7 @@ import traceback
 from tftrain.data import example_bytes
 from tftrain.data.record_file import RecordFile
 from tftrain.errors import BadRow, DataError
-from tftrain.host import die_with_parent
+from tftrain.host import die_with_parent, leave_forkserver
 
 REPORT_EVERY_S = 0.5
 LABEL_KEYS = ("image/class/label", "label", "labels", "y")
@@ -171,6 +171,7 @@ def process_main(pipeline, source, info, plan, worker, queue, main_pid) -> None:
 
     parent = os.getppid()  # the forkserver, which exits as soon as the converting process does
     die_with_parent()
+    leave_forkserver()  # or the forkserver would live as long as this worker
 
     def alive():
         return os.getppid() == parent and pid_alive(main_pid)

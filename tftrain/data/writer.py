@@ -144,37 +144,37 @@ def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
     existing = appendable(output_dir).manifest if append else None
     if not append:
         check_output_dir(output_dir, overwrite)
-    if processes.needs_workers(pipeline, source, workers):
-        processes.warm_up()  # its TensorFlow import overlaps prepare() and the sample
-    started = time.monotonic()
-    pipeline.requested_splits = dict(splits) if splits else None
-    info = pipeline.prepare(source)
-    if existing is not None:
-        info = appended_info(pipeline, existing, info, output_dir)
-        pipeline.load_assets(output_dir, existing)  # the dataset's tokenizer, not a new one
-    plan, estimated_rows = make_plan(pipeline, source, info, output_dir, splits=splits,
-                                     num_shards=num_shards, shard_size_mb=shard_size_mb,
-                                     workers=workers, seed=seed,
-                                     generation=len(existing.get("appends", ())) + 1
-                                     if existing is not None else 0)
-    with claim_output_dir(plan, overwrite, existing, pipeline.assets):
-        meter = Progress(estimated_rows, label=f"convert {pipeline.name}") if progress else None
-        try:
-            if plan.num_workers == 1:
-                summaries = [shard_worker.run(pipeline, source, info, plan, 0,
-                                              report=meter.update if meter else None)]
-            else:
-                summaries = _run_processes(pipeline, source, info, plan, meter)
-            if meter:
-                meter.close()
-            manifest = finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction,
-                              existing)
-        except shard_worker.RowFailed as e:
-            remove_shards(plan)
-            raise DataError(f"pipeline {pipeline.name!r} failed: {e}") from e
-        except BaseException:
-            remove_shards(plan)
-            raise
+    with processes.server(processes.needs_workers(pipeline, source, workers)):
+        # the server of the workers starts now: its TensorFlow import overlaps prepare()
+        started = time.monotonic()
+        pipeline.requested_splits = dict(splits) if splits else None
+        info = pipeline.prepare(source)
+        if existing is not None:
+            info = appended_info(pipeline, existing, info, output_dir)
+            pipeline.load_assets(output_dir, existing)  # the dataset's tokenizer, not a new one
+        plan, estimated_rows = make_plan(pipeline, source, info, output_dir, splits=splits,
+                                         num_shards=num_shards, shard_size_mb=shard_size_mb,
+                                         workers=workers, seed=seed,
+                                         generation=len(existing.get("appends", ())) + 1
+                                         if existing is not None else 0)
+        with claim_output_dir(plan, overwrite, existing, pipeline.assets):
+            meter = Progress(estimated_rows, label=f"convert {pipeline.name}") if progress else None
+            try:
+                if plan.num_workers == 1:
+                    summaries = [shard_worker.run(pipeline, source, info, plan, 0,
+                                                  report=meter.update if meter else None)]
+                else:
+                    summaries = _run_processes(pipeline, source, info, plan, meter)
+                if meter:
+                    meter.close()
+                manifest = finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction,
+                                  existing)
+            except shard_worker.RowFailed as e:
+                remove_shards(plan)
+                raise DataError(f"pipeline {pipeline.name!r} failed: {e}") from e
+            except BaseException:
+                remove_shards(plan)
+                raise
     add_stats(manifest, started, plan.num_workers)
     logging.info("%s", summary_line(output_dir, manifest))
     return manifest

@@ -1,8 +1,10 @@
 """`tftrain launch`: N local worker processes of one multi-worker run, on loopback.
 
-Each worker is `tftrain <command...>` with its own TF_CONFIG (free 127.0.0.1 ports). Every
-line a worker prints is shown prefixed with `[worker i]`. The launch ends with the chief's
-(worker 0's) exit code once it finishes. It never waits silently: when a worker dies or cannot
+Each worker is `tftrain <command...>` with its own TF_CONFIG (free 127.0.0.1 ports), forked
+from a server that imported TensorFlow once (`tftrain.forked`): a worker, and a restarted one,
+starts in a fraction of a second instead of importing TensorFlow again. Every line a worker
+prints is shown prefixed with `[worker i]`. The launch ends with the chief's (worker 0's) exit
+code once it finishes. It never waits silently: when a worker dies or cannot
 start, when `timeout` seconds pass, or on Ctrl-C/SIGTERM, the launcher stops every worker
 (SIGTERM, then SIGKILL after `grace` seconds), names the worker and shows its last lines, and
 exits non-zero.
@@ -39,15 +41,13 @@ from typing import IO, Optional
 
 from absl import logging
 
-from tftrain.host import die_with_parent
+from tftrain import forked
 from tftrain.runtime import cluster
 
 LAUNCHER = "[launch]"
 TAIL_LINES = 15
 TIMEOUT_EXIT_CODE = 124
 HANG_EXIT_CODE = TIMEOUT_EXIT_CODE  # a hang that outlived the restarts is a timeout too
-# The command each worker runs: the tftrain CLI with the launch's arguments.
-WORKER_MAIN = "import sys; from tftrain.cli import run; run(['tftrain'] + sys.argv[1:])"
 # What the launcher tells each worker: the causes of the restarts so far (a JSON list of
 # strings), and the heartbeat file its `Heartbeat` callback rewrites (only with hang_timeout).
 RESTARTS_ENV = "TFTRAIN_LAUNCH_RESTARTS"
@@ -93,7 +93,7 @@ class Worker:
     """One launched worker process, the last lines it printed and its heartbeat file."""
 
     index: int
-    process: subprocess.Popen
+    process: forked.Popen
     tail: collections.deque
     reader: threading.Thread
     heartbeat: Optional[str] = None
@@ -176,9 +176,11 @@ class Launcher:
         """Runs the launch to its end; returns the exit code (the chief's when all went well)."""
         previous = {sig: signal.signal(sig, self._on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         self._started = time.monotonic()
+        own_server = False
         if self.hang_timeout is not None:
             self._heartbeats = tempfile.mkdtemp(prefix="tftrain-launch-")
         try:
+            own_server = forked.start_server()  # one TensorFlow import for every (re)start
             while True:
                 code, cause = self._attempt()
                 if cause is None:
@@ -201,6 +203,8 @@ class Launcher:
                          f"all {self.num_workers} workers again on fresh ports{resumes}")
         finally:
             self.stop_all()
+            if own_server:
+                forked.stop_server()
             if self._heartbeats:
                 shutil.rmtree(self._heartbeats, ignore_errors=True)
             for sig, handler in previous.items():
@@ -217,7 +221,7 @@ class Launcher:
         try:
             for index in range(self.num_workers):
                 self.workers.append(self._start(index, hosts))
-        except OSError as e:
+        except (OSError, EOFError) as e:  # EOFError: the server of forked workers died
             self.say(f"worker {len(self.workers)} failed to start: {e}; stopping the others")
             self.stop_all()
             return 1, None
@@ -236,16 +240,8 @@ class Launcher:
                 os.remove(heartbeat)  # the last attempt's
         cpus = sorted(os.sched_getaffinity(0))
         core = cpus[index % len(cpus)] if self.pin_cpus else None
-
-        def preexec():  # runs in the child, before it starts Python
-            die_with_parent()
-            if core is not None:
-                os.sched_setaffinity(0, {core})
-
-        process = subprocess.Popen(
-            [sys.executable, "-c", WORKER_MAIN, *self.command], env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=preexec)
+        process = forked.Popen(self.command, env=env, stdout=forked.PIPE, stderr=forked.STDOUT,
+                               text=False, die_with_parent=True, cpu=core)
         tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
         reader = threading.Thread(target=self._relay, args=(index, process.stdout, tail),
                                   name=f"worker-{index}-output", daemon=True)
@@ -366,7 +362,7 @@ def _last_lines_of(workers: list[Worker]) -> str:
     return "\n".join(f"  worker {w.index}, last lines:\n{w.last_lines()}" for w in workers)
 
 
-def _signal_group(process: subprocess.Popen, sig: int) -> None:
+def _signal_group(process: forked.Popen, sig: int) -> None:
     try:
         os.killpg(process.pid, sig)
     except ProcessLookupError:

@@ -1,7 +1,9 @@
-"""What the forked-CLI server (`tests/forked_cli.py`) imports once: TensorFlow, quietly and
-without touching the devices (each child configures its own), then tftrain's command modules
-and the modules their commands import when they run, so that a child imports next to nothing.
-None of them runs a TensorFlow op at import (tests/test_forked_cli.py checks it)."""
+"""What the server of forked `tftrain` commands imports once (`tftrain.forked`): TensorFlow,
+quietly and without touching the devices (each child configures its own), then the modules the
+commands import when they run, so that a child imports next to nothing. Not the command modules
+themselves: each defines its flags, and a child must know only its own command's flags, as a
+fresh process does. None of them runs a TensorFlow op at import (tests/test_forked_cli.py checks
+it)."""
 import importlib
 
 from absl import logging
@@ -14,10 +16,9 @@ from tftrain import quiet_start  # noqa: E402
 
 quiet_start.import_tensorflow(list_devices=False)
 
-from tftrain.cli import COMMANDS  # noqa: E402
-
-MODULES = [f"tftrain.cli.{name}" for name in COMMANDS] + [
-    "tftrain.data.worker_preload",  # the converter's own preload: it shares this forkserver
+MODULES = [
+    "tftrain.cli",
+    "tftrain.data.worker_preload",  # the converter's own preload: it may share this forkserver
     "pipelines", "tftrain.config", "tftrain.data.writer", "tftrain.data.inspection",
     "tftrain.engine.train", "tftrain.engine.generate", "tftrain.check", "tftrain.doctor",
     "tftrain.report", "tftrain.optimize.prune", "tftrain.optimize.quantize",
