@@ -38,7 +38,7 @@ from bench.table import markdown_table  # noqa: E402
 
 SIZE, CLASSES, FEATURES = 64, 10, 784
 METHODS = ("naive", "model_garden", "tftrain_w1", "tftrain_w2")
-# The method column of the table, as README shows it.
+# The method column of the table, as docs/benchmarks.md shows it.
 METHOD_LABELS = {"naive": "naive loop (one Example at a time → writer)",
                  "model_garden": "Model Garden approach (all in memory, then write)",
                  "tftrain_w1": "tftrain, 1 worker", "tftrain_w2": "tftrain, 2 workers"}

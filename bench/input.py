@@ -53,7 +53,7 @@ from pipelines import load_pipeline  # noqa: E402
 
 BATCH = 256
 SPLIT = "train"
-# The rows of the table, as README shows them.
+# The rows of the table, as docs/benchmarks.md shows them.
 RAW = "raw `TFRecordDataset` read (the limit)"
 NAIVE = "naive (`parse_single_example` map → batch)"
 PARALLEL = "per-example, parallel map + prefetch"

@@ -26,7 +26,7 @@ sys.path.insert(0, REPO)
 
 TFTRAIN = [sys.executable, "-c", "import sys; from tftrain.cli import run; run(['tftrain'] + sys.argv[1:])"]
 
-# The rows of the table, as README shows them.
+# The rows of the table, as docs/benchmarks.md shows them.
 DIGITS = "digits CNN (8×8×1)"
 IMAGES = "generated images (32×32×3, CNN 64-128)"
 WORKLOADS = {

@@ -51,7 +51,7 @@ from tftrain.callbacks.step_timer import StepTimer  # noqa: E402
 from tftrain.data import load  # noqa: E402
 
 MODEL = {"filters": [32, 64], "dense_units": 128, "dropout": 0.25}
-# The rows of the two tables (XLA; training step), as README shows them.
+# The rows of the two tables (XLA; training step), as docs/benchmarks.md shows them.
 PLAIN = "plain tf_keras `fit` on decoded NumPy arrays (no input pipeline: the floor)"
 HAND_WRITTEN = "plain tf_keras `fit` over a hand-written tf.data pipeline of the same records"
 TFTRAIN = "`tftrain train` (reader, backup, TensorBoard, best checkpoint)"

@@ -142,9 +142,10 @@ class RuntimeConfig:
     # strategy=dtensor: optimizer slots sharded over the mesh's batch dimension (ZeRO-1): each
     # data-parallel replica keeps and updates 1/batch of them; the weights stay whole per replica
     shard_optimizer_state: bool = False
-    # strategy=pipeline (docs/pipeline.md): the model's layers cut into this many stages, one
-    # device each; each step's batch split into `microbatches` (GPipe); `stage_rules`: the layers
-    # after which to cut, comma-separated ("" cuts where parameter bytes balance)
+    # strategy=pipeline (docs/guides/pipeline-stages.md): the model's layers cut into this many
+    # stages, one device each; each step's batch split into `microbatches` (GPipe);
+    # `stage_rules`: the layers after which to cut, comma-separated ("" cuts where parameter
+    # bytes balance)
     pipeline_stages: int = 2
     microbatches: int = 4
     stage_rules: str = ""
@@ -290,3 +291,137 @@ def to_dict(config: Config) -> dict:
 def to_yaml(config: Config) -> str:
     """The resolved config as YAML text, as written to params.yaml."""
     return yaml.safe_dump(to_dict(config), sort_keys=False)
+
+
+# The choices of each key that has a fixed set of words (tftrain.config validates them), and one
+# sentence per key for its reference page: docs/reference/config.md is generated from these and
+# the dataclasses above (`python tools/gen_reference.py`; tests/test_docs_site.py checks that
+# every key has an entry and that the committed page is current). Nothing reads them at run time.
+CHOICES = {
+    "data.format": DATA_FORMATS, "data.cache": CACHE_MODES, "data.service_mode": SERVICE_MODES,
+    "task.type": TASK_TYPES,
+    "task.loss": ("auto",) + tuple(dict.fromkeys(sum(TASK_LOSSES.values(), ()))),
+    "train.optimizer": OPTIMIZERS, "train.lr_schedule": LR_SCHEDULES, "train.monitor": MONITORS,
+    "train.on_nan": ON_NAN, "runtime.strategy": STRATEGIES, "runtime.cluster": CLUSTERS,
+    "runtime.mixed_precision": PRECISIONS, "runtime.jit_compile": JIT_COMPILE,
+}
+
+KEY_DOCS = {
+    "data.dir": "Dataset directory (TFRecord shards + `dataset.json`); `gs://` works.",
+    "data.pipeline": "Dataset kind that converts `data.source` into `data.dir` the first time "
+                     "it is needed (only into an absent or empty directory): a built-in kind or "
+                     "your own `my_pkg.my_data` module.",
+    "data.source": "Raw input of that conversion (unused by the embedded kinds: `digits`, "
+                   "`diabetes`, `text`, `jsonl` without one).",
+    "data.pipeline_options": "The pipeline's options, as `--pipeline_options` of `tftrain "
+                             "convert` takes them (e.g. `{image_size: 64}`).",
+    "data.format": "`tftrain`: `data.dir` holds `dataset.json`; `tfrecord`: TFRecords other "
+                   "tools wrote (`<split>-*` files, or a glob with `{split}`), read in place with "
+                   "`data.pipeline`'s schema.",
+    "data.info": "With `data.format=tfrecord`: what a manifest would say, e.g. "
+                 "`{num_classes: 10}`.",
+    "data.train_split": "The split trained on.",
+    "data.eval_split": "The split validated on during training (best checkpoint, early "
+                       "stopping, plateau schedule).",
+    "data.test_split": "The split evaluated after training, reported in `summary.json`.",
+    "data.batch_size": "Global batch size over all replicas and workers; must divide by the "
+                       "replica count.",
+    "data.shuffle_buffer": "Examples in the shuffle buffer (lower it for large records).",
+    "data.cache": "Kept in memory after the first pass: `none`, `records` (serialized "
+                  "examples), `decoded` (decoded examples: no reading or decoding after the "
+                  "first epoch).",
+    "data.autotune": "tf.data's autotuning of parallel calls and buffers; `false`: one parallel "
+                     "call per core from the start (faster on small hosts; `tftrain doctor` "
+                     "measures it on yours).",
+    "data.service_address": "`host:port` of a tf.data service dispatcher: the training input "
+                            "runs on its workers (`tftrain data_service`).",
+    "data.service_mode": "tf.data service sharding: `parallel_epochs` (every service worker "
+                         "runs the whole pipeline) or `distributed_epoch` (each example once "
+                         "per pass).",
+    "task.type": "What is learned from the labels; `auto` follows the dataset's label "
+                 "(`dataset.json`'s `info.label_stats`): class ids or names are "
+                 "classification, floats regression, token windows language_model.",
+    "task.loss": "`auto` is the task's default: `crossentropy` (classification, "
+                 "language_model), `mse` (regression; also `mae`, `huber`).",
+    "model.name": "A registered model (`mlp`, `cnn`, `resnet`, `transformer`, `transformer_lm`, "
+                  "`application`) or your own `package.module:function(input_shape, outputs, "
+                  "**params)`.",
+    "model.params": "The builder's keyword arguments, checked against its signature; "
+                    "`model.params.remat=true` sets one and keeps the others, "
+                    "`model.params={...}` replaces them all.",
+    "train.epochs": "Epochs; each is one pass over the training split unless "
+                    "`train.steps_per_epoch` says otherwise.",
+    "train.steps_per_epoch": "Steps per epoch; null: one pass over the training split.",
+    "train.steps": "Total optimizer steps; when set, it decides the run's length (the input "
+                   "repeats: no epoch has to be a pass).",
+    "train.optimizer": "`sgd`, `adam`, `adamw` or `adafactor` (factored second moments: a "
+                       "small state for big models).",
+    "train.learning_rate": "The peak learning rate (after warmup).",
+    "train.momentum": "SGD's momentum.",
+    "train.weight_decay": "AdamW's decoupled weight decay.",
+    "train.lr_schedule": "`constant`, `step`, `cosine` (each with linear warmup) or `plateau`.",
+    "train.warmup_steps": "Linear warmup from 0 over this many steps (constant, step, cosine).",
+    "train.lr_decay_epochs": "`step`: multiply the rate by `train.lr_decay_rate` every this "
+                             "many epochs (passes over the data).",
+    "train.lr_decay_rate": "`step` and `plateau`: the factor.",
+    "train.lr_min": "`cosine`: the final rate; `plateau`: the floor.",
+    "train.plateau_patience": "`plateau`: epochs without improvement of `train.monitor` before "
+                              "the rate drops.",
+    "train.grad_accum_steps": "k > 1: one update per k micro-batches of `data.batch_size` (the "
+                              "batch of k x B in B's memory).",
+    "train.steps_per_execution": "Steps run per `tf.function` call (use more than 1 on TPU).",
+    "train.monitor": "The metric for the best checkpoint, early stopping and the plateau "
+                     "schedule; `auto` is the task's (`val_accuracy`, `val_rmse`, `val_loss`), "
+                     "its direction from the task.",
+    "train.early_stopping_patience": "Epochs without improvement of `train.monitor` before "
+                                     "stopping; 0: off.",
+    "train.backup_every_steps": "Back up for resume every N steps; 0: at each epoch end only.",
+    "train.validation_steps": "Batches per validation; 0: the whole split.",
+    "train.validation_every_steps": "Validate every N steps instead of at epoch ends (the best "
+                                    "checkpoint, early stopping, plateau and the epoch backup "
+                                    "follow it); 0: at epoch ends.",
+    "train.test_steps": "Batches of the final test; 0: the whole split.",
+    "train.log_every_steps": "Without a terminal, a progress line (`step N/TOTAL loss=... "
+                             "examples/s ETA ...`) and the same scalars in TensorBoard every N "
+                             "steps; 0: about every 30 s.",
+    "train.on_nan": "A NaN/Inf loss: `stop` (one line, exit 1) or `rollback` (restore the last "
+                    "backup, lower the learning rate, go on).",
+    "train.rollback_lr_factor": "`rollback`: the learning rate is multiplied by this.",
+    "train.max_rollbacks": "`rollback`: at most this many, then the run stops as with `stop`.",
+    "train.profile_steps": "`'start,end'`: a profiler trace of those training-batch calls in "
+                           "`logs/plugins/profile`.",
+    "train.seed": "Seed of the initial weights, the data order and the random layers.",
+    "train.deterministic": "Deterministic ops and random layers whose state is backed up: a "
+                           "killed and resumed run ends with the uninterrupted run's weights; "
+                           "slower steps.",
+    "runtime.strategy": "`auto` (TPU if `runtime.tpu`, else multi-worker when the cluster has "
+                        "more than one worker, else all GPUs mirrored, else one device), "
+                        "`one_device`, `mirrored`, `multi_worker_mirrored`, `tpu`, `dtensor` "
+                        "(experimental), `pipeline` (the model's layers in stages).",
+    "runtime.tpu": "`local` (on a TPU VM), a TPU name, or `grpc://host:port`.",
+    "runtime.cpu_devices": "> 0: split the CPU into this many virtual devices (Mirrored, "
+                           "DTensor or pipeline stages on a CPU-only machine).",
+    "runtime.mixed_precision": "`float32`, `mixed_float16`, `mixed_bfloat16`, or `auto` "
+                               "(bfloat16 on TPU, float16 on GPU, float32 on CPU).",
+    "runtime.mesh": "`runtime.strategy=dtensor`: the device mesh, e.g. `batch:2,model:2` "
+                    "(`batch` splits the data, `model` the weights).",
+    "runtime.layout_rules": "`runtime.strategy=dtensor`: weight-path regex -> sharding spec, "
+                            "e.g. `{\"dense.*kernel\": \"unsharded,model\"}`, before the "
+                            "model's own rules.",
+    "runtime.shard_optimizer_state": "`runtime.strategy=dtensor`: optimizer slots split over "
+                                     "the mesh's `batch` dimension too (ZeRO-1).",
+    "runtime.pipeline_stages": "`runtime.strategy=pipeline`: stages, one device each (GPUs, "
+                               "else virtual CPU devices).",
+    "runtime.microbatches": "`runtime.strategy=pipeline`: micro-batches per step (GPipe); "
+                            "`data.batch_size` must divide by it.",
+    "runtime.stage_rules": "`runtime.strategy=pipeline`: the layers after which to cut, "
+                           "comma-separated; empty: balanced by parameter bytes.",
+    "runtime.tpu_timeout": "Seconds to connect to and initialize the TPU before giving up.",
+    "runtime.jit_compile": "XLA-compile the train and eval steps: `true`, `false`, `auto` (on "
+                           "GPUs; TPUs always compile).",
+    "runtime.cluster": "Where the workers are described: `auto` (TF_CONFIG if set, else SLURM "
+                       "inside a multi-task `srun` step, else one machine), `tf_config`, "
+                       "`slurm`, `kubernetes`.",
+    "runtime.cluster_port": "First port of the workers' servers for `slurm` (task i of a node: "
+                            "+i) and `kubernetes`; 0: TensorFlow's defaults (8888, 8470).",
+}
