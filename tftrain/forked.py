@@ -33,7 +33,7 @@ from tftrain import host
 
 # What the server imports once: TensorFlow, then the command modules and what they import.
 PRELOAD = ["tftrain.cli.preload"]
-ENTRY_POINT = "tftrain.cli"  # its `run(argv)` is the console script's entry point
+ENTRY_POINT = "tftrain.cli:run"  # the console script's entry point: run(["tftrain", *args])
 
 PIPE = subprocess.PIPE
 STDOUT = subprocess.STDOUT
@@ -60,7 +60,8 @@ def _context(preload: list[str] = PRELOAD):
     return context
 
 
-def _run_in_child(argv, cwd, env, fds, started, with_parent: bool, cpu: Optional[int]) -> None:
+def _run_in_child(argv, entry, cwd, env, fds, started, with_parent: bool,
+                  cpu: Optional[int]) -> None:
     """The child's body: becomes `tftrain <argv>` started from a shell, runs it, exits.
     `started` is closed once the child is set up (as `subprocess.Popen` returns after exec)."""
     os.setsid()
@@ -93,7 +94,8 @@ def _run_in_child(argv, cwd, env, fds, started, with_parent: bool, cpu: Optional
             import tensorflow as tf
 
             tf.config.list_physical_devices()
-        importlib.import_module(ENTRY_POINT).run(list(argv))
+        module, function = entry.split(":")
+        getattr(importlib.import_module(module), function)(list(argv))
     except SystemExit as exited:
         code = _exit_code(exited.code)
     except KeyboardInterrupt:
@@ -148,12 +150,13 @@ class Popen:
     `args` start after `tftrain` (`["train", "--config=digits"]`). stdout is PIPE, DEVNULL, an
     open file or None (the caller's); stderr the same or STDOUT. `die_with_parent`: the child is
     killed when the server, and so the caller, dies. `cpu`: the one CPU the child may run on.
+    `entry`: "module:function" called with `["tftrain", *args]` (tests run their own scripts).
     Returns once the child is in its own session, directory and environment.
     """
 
     def __init__(self, args: list[str], cwd=None, env: Optional[dict] = None, stdout=None,
                  stderr=None, text: bool = True, die_with_parent: bool = False,
-                 cpu: Optional[int] = None):
+                 cpu: Optional[int] = None, entry: str = ENTRY_POINT):
         self.args = ["tftrain", *args]
         self.returncode = None
         self.stdout = self.stderr = None
@@ -192,7 +195,7 @@ class Popen:
         fds = tuple(_InheritedFd(fd) for fd in (devnull, out, err))
         self._process = _context().Process(
             target=_run_in_child, daemon=False,
-            args=(self.args, os.fspath(cwd or os.getcwd()), environment, fds,
+            args=(self.args, entry, os.fspath(cwd or os.getcwd()), environment, fds,
                   _InheritedFd(started), die_with_parent, cpu))
         try:
             self._process.start()
