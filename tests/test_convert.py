@@ -275,7 +275,8 @@ def test_shard_size_mb_sets_the_shard_count(tmp_path):
 
 
 def test_an_embedded_dataset_is_converted_without_worker_processes(tmp_path, monkeypatch):
-    """digits and diabetes know their size, so no forkserver (a TensorFlow import) is started."""
+    """digits and diabetes know their size, and a small source of unknown size is read whole by
+    its sample: no forkserver (a TensorFlow import) is started for them."""
     from tftrain.data import processes
 
     started = []
@@ -287,8 +288,11 @@ def test_an_embedded_dataset_is_converted_without_worker_processes(tmp_path, mon
         assert total == pipeline.known_num_rows("") and manifest["stats"]["workers"] == 1
     assert started == []
     assert processes.needs_workers(load_pipeline("digits"), "", 2)  # asked for
-    assert processes.needs_workers(Pipeline(n=10), "", None)  # size unknown before the sample
     assert not processes.needs_workers(Pipeline(n=10_000), "", 1)
+    # A source of unknown size starts the server only when its plan has several workers.
+    assert not processes.needs_workers(Pipeline(n=10), "", None)
+    manifest = write_dataset(Pipeline(n=10), "", str(tmp_path / "small"), progress=False)
+    assert manifest["stats"]["workers"] == 1 and started == []
 
 
 def test_progress_bar_on_a_terminal_and_log_lines_otherwise():

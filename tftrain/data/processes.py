@@ -19,16 +19,17 @@ SMALL_SOURCE_ROWS = 4096
 
 
 def needs_workers(pipeline, source: str, workers: int | None) -> bool:
-    """False when a conversion runs in its own process: `workers=1`, or a source known to be small.
-
-    `shard_plan.choose` gives a small source (read whole by its sample) one worker. When the
-    pipeline knows its row count beforehand, the forkserver is not started at all: its
-    TensorFlow import would cost a core for seconds and serve nothing.
+    """True when a conversion will surely run worker processes, so their forkserver may start
+    before the plan is made (its TensorFlow import then overlaps the sample): `workers` asked
+    for, or a source known to be larger than a sample. A source of unknown size gets its server
+    only once the plan gives it more than one worker (`shard_plan.choose` gives a small one,
+    read whole by its sample, one worker): started for nothing, its TensorFlow import would cost
+    a core for seconds.
     """
     if workers == 1:
         return False
     rows = pipeline.known_num_rows(source)
-    return workers is not None or rows is None or rows > SMALL_SOURCE_ROWS
+    return (workers or 0) > 1 or (rows is not None and rows > SMALL_SOURCE_ROWS)
 
 
 def context():

@@ -164,7 +164,8 @@ def write_dataset(pipeline: BasePipeline, source: str, output_dir: str, *,
                     summaries = [shard_worker.run(pipeline, source, info, plan, 0,
                                                   report=meter.update if meter else None)]
                 else:
-                    summaries = _run_processes(pipeline, source, info, plan, meter)
+                    with processes.server(needed=True):  # when not started before the plan
+                        summaries = _run_processes(pipeline, source, info, plan, meter)
                 if meter:
                     meter.close()
                 manifest = finish(pipeline, source, info, plan, summaries, splits, max_bad_fraction,
