@@ -2,6 +2,10 @@
 
     python -m tests.fuzz_driver WORKDIR SEED FIRST COUNT
 
+tests/test_fuzz.py forks it from the server that imported TensorFlow once (`tests/forked_cli.py`,
+entry point `main`), with the same arguments after argv[0]: a fresh interpreter would spend
+seconds importing TensorFlow again, and each start after a crash or a hang would too.
+
 Each case `i` is generated from (SEED, i) alone, so any case replays by itself
 (`TFTRAIN_FUZZ_SEED=S TFTRAIN_FUZZ_FIRST=i TFTRAIN_FUZZ_CASES=1 pytest tests/test_fuzz.py`).
 For each case the driver prints one JSON line when it starts (what it mutated) and one when it

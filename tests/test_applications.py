@@ -3,7 +3,8 @@ file, with the backbone's own preprocessing inside the model; freeze-then-unfree
 
 The fine-tuning test is real training, kept small: MobileNetV2 (alpha 0.35) at 32x32 (its
 minimum input), pretrained on the digits 0-4 of the training split, saved with save_weights,
-then fine-tuned on all ten digits and compared with the same run from random weights.
+then fine-tuned on all ten digits and compared with the same run from random weights (the
+pretraining reuses that run's model and traced step: `from_random_weights`).
 """
 import numpy as np
 import pytest
@@ -20,61 +21,84 @@ MOBILENET = {"backbone": "MobileNetV2", "backbone_params": {"alpha": 0.35}}
 LOSS = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
-def _arrays(data_dir, split):
-    pairs = [(x.numpy(), y.numpy()) for x, y in load(data_dir, split, 512, training=False)]
-    return np.concatenate([x for x, _ in pairs]), np.concatenate([y for _, y in pairs])
+def _built(params):
+    """The application model built as `tftrain train` builds it, compiled."""
+    keras.utils.set_random_seed(0)
+    model = models.build_model("application", params, (8, 8, 1), 10)
+    model.compile(keras.optimizers.Adam(1e-3), LOSS, metrics=["accuracy"])
+    return model
 
 
-@pytest.fixture(scope="module")
-def pretrained_h5(digits_dir, tmp_path_factory):
-    """A MobileNetV2 backbone trained briefly on the digits 0-4 of the training split (plain
-    tf_keras, as a user would), saved without its top with save_weights."""
-    x, y = _arrays(digits_dir, "train")
-    x, y = x[y < 5], y[y < 5]
-    keras.utils.set_random_seed(1)
-    base = keras.applications.MobileNetV2(include_top=False, weights=None, alpha=0.35,
-                                          input_shape=(32, 32, 3))
-    for layer in base.layers:  # the default 0.999 would not settle the statistics in 150 steps
-        if isinstance(layer, keras.layers.BatchNormalization):
-            layer.momentum = 0.9
-    inputs = keras.Input((8, 8, 1))
-    x_in = applications.preprocess(inputs, (32, 32), keras.applications.mobilenet_v2)
-    head = keras.layers.Dense(5)(keras.layers.GlobalAveragePooling2D()(base(x_in)))
-    model = keras.Model(inputs, head)
-    model.compile(keras.optimizers.Adam(3e-3), LOSS, metrics=["accuracy"])
-    model.fit(x, y, batch_size=32, epochs=3, verbose=0)
-    path = str(tmp_path_factory.mktemp("weights") / "mobilenet_v2_035_digits04.h5")
-    base.save_weights(path)
-    return path
+def _fit_and_evaluate(model, digits_dir, steps=30):
+    """Fits `model` `steps` steps with the callbacks it requests; returns its test accuracy."""
+    train = load(digits_dir, "train", 32, training=True, repeat=True, seed=0)
+    model.fit(train, epochs=1, steps_per_epoch=steps, verbose=0,
+              callbacks=unfreeze.requested_by(model))
+    return model.evaluate(load(digits_dir, "test", 200, training=False),
+                          return_dict=True, verbose=0)["accuracy"]
 
 
 def _fine_tune(digits_dir, params, steps=30):
     """Builds the application model as `tftrain train` does, fits it `steps` steps with the
     callbacks it requests and returns (model, test accuracy)."""
-    keras.utils.set_random_seed(0)
-    model = models.build_model("application", params, (8, 8, 1), 10)
-    model.compile(keras.optimizers.Adam(1e-3), LOSS, metrics=["accuracy"])
-    train = load(digits_dir, "train", 32, training=True, repeat=True, seed=0)
-    model.fit(train, epochs=1, steps_per_epoch=steps, verbose=0,
-              callbacks=unfreeze.requested_by(model))
-    accuracy = model.evaluate(load(digits_dir, "test", 200, training=False),
-                              return_dict=True, verbose=0)["accuracy"]
-    return model, accuracy
+    model = _built(params)
+    return model, _fit_and_evaluate(model, digits_dir, steps)
+
+
+FINE_TUNING = {**MOBILENET, "batchnorm_momentum": 0.9}
+
+
+@pytest.fixture(scope="module")
+def from_random_weights(digits_dir, tmp_path_factory):
+    """The fine-tuning test's control and its weights file, from one model whose training step
+    is traced once (MobileNetV2's ~150 layers: most of what a run this short costs).
+
+    The control is `_fine_tune` from random weights. The same model is then put back to its
+    initial weights, its optimizer to its initial state (Adam at 3e-3), and pretrained on the
+    digits 0-4 of the training split (3 passes, 66 steps); its backbone's weights are saved
+    without a top with save_weights of a plain tf_keras MobileNetV2 (a file as a user saves
+    one). Returns (the control's test accuracy, the file's path)."""
+    model = _built({**FINE_TUNING, "weights": "none"})
+    initial = model.get_weights()
+    random_accuracy = _fit_and_evaluate(model, digits_dir)
+
+    model.set_weights(initial)
+    for variable in model.optimizer.variables():  # its step count and moments
+        variable.assign(tf.zeros_like(variable))
+    model.optimizer.learning_rate.assign(3e-3)
+    digits_0_to_4 = (load(digits_dir, "train", 32, training=True, repeat=True, seed=1)
+                     .unbatch().filter(lambda x, y: y < 5).batch(32, drop_remainder=True))
+    # Batches of the control's shape and types: its traced step runs them.
+    model.fit(digits_0_to_4, epochs=1, steps_per_epoch=66, verbose=0)
+    base = keras.applications.MobileNetV2(include_top=False, weights=None, alpha=0.35,
+                                          input_shape=(32, 32, 3))
+    for layer in base.layers:
+        if layer.weights:
+            layer.set_weights(model.get_layer(layer.name).get_weights())
+    path = str(tmp_path_factory.mktemp("weights") / "mobilenet_v2_035_digits04.h5")
+    base.save_weights(path)
+    return random_accuracy, path
+
+
+@pytest.fixture(scope="module")
+def pretrained_h5(from_random_weights):
+    """A MobileNetV2 (alpha 0.35) backbone trained briefly on the digits 0-4, saved without
+    its top with save_weights."""
+    return from_random_weights[1]
 
 
 def test_fine_tuned_from_a_weights_file_beats_the_same_run_from_random_weights(
-        digits_dir, pretrained_h5):
+        digits_dir, from_random_weights):
     # All layers train; from the file, BatchNormalization stays in inference mode (its
     # statistics are the file's); from random weights it trains (momentum 0.9: few steps).
-    params = {**MOBILENET, "batchnorm_momentum": 0.9}
-    tuned, tuned_accuracy = _fine_tune(digits_dir, {**params, "weights": pretrained_h5})
-    _, random_accuracy = _fine_tune(digits_dir, {**params, "weights": "none"})
+    random_accuracy, weights_file = from_random_weights
+    tuned, tuned_accuracy = _fine_tune(digits_dir, {**FINE_TUNING, "weights": weights_file})
     print(f"test accuracy: fine-tuned {tuned_accuracy:.3f}, random weights {random_accuracy:.3f}")
     assert tuned_accuracy >= 0.3 and tuned_accuracy >= random_accuracy + 0.15
 
     saved = keras.applications.MobileNetV2(include_top=False, weights=None, alpha=0.35,
                                            input_shape=(32, 32, 3))
-    saved.load_weights(pretrained_h5)
+    saved.load_weights(weights_file)
     after = {v.name: v.numpy() for v in tuned.weights}
     for v in saved.weights:  # the file's weights, trained on; its BN statistics kept
         if "moving_" in v.name:

@@ -50,7 +50,9 @@ def _read(path):
 
 def test_prune_then_quantize_then_evaluate(run, digits_dir, capsys, tmp_path):
     summary = _read(run / "summary.json")
-    assert run_cli("prune", f"--model_dir={run}", "--target_sparsity=0.75", "--epochs=3") == 0
+    # One fine-tuning epoch (44 steps, a mask update every 3): accuracy_after 0.915 measured (0.868
+    # after 3 epochs); the sparsity, sizes and report are the same questions at any length.
+    assert run_cli("prune", f"--model_dir={run}", "--target_sparsity=0.75", "--epochs=1") == 0
     report = _read(run / "pruned/report.json")
     assert report["strategy"] == "mirrored" and report["num_replicas"] == 2
     assert abs(report["sparsity"] - 0.75) < 0.01
@@ -109,7 +111,7 @@ def test_prune_then_quantize_then_evaluate(run, digits_dir, capsys, tmp_path):
 
 def test_pruning_preserving_qat_from_the_pruned_model(run, capsys):
     if not (run / "pruned/saved_model.pb").exists():
-        assert run_cli("prune", f"--model_dir={run}", "--target_sparsity=0.75", "--epochs=3") == 0
+        assert run_cli("prune", f"--model_dir={run}", "--target_sparsity=0.75", "--epochs=1") == 0
     assert run_cli("quantize", f"--model_dir={run}", "--source=pruned", "--mode=qat",
                    "--max_accuracy_drop=0.03") == 0
     report = _read(run / "quantized/report_pruned_qat.json")

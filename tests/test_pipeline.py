@@ -10,6 +10,7 @@ resume equal to an uninterrupted run) are at the end.
 import json
 import math
 import signal
+import types
 
 import numpy as np
 import pytest
@@ -87,13 +88,14 @@ def max_difference(a, b) -> float:
 def test_transformer_lm_is_cut_where_one_activation_crosses_balanced_by_parameters():
     from tftrain.runtime import pipeline_stages
 
-    plan = pipeline_stages.plan(lm(num_layers=4), 2)
+    model = lm(num_layers=4)
+    plan = pipeline_stages.plan(model, 2)
     first, second = plan
     assert first.layers[0] == "inputs" and second.layers[-1] == "logits"
     assert first.outputs == second.inputs == ("block_1_mlp_residual",)
     assert abs(first.parameters - second.parameters) < 0.2 * (first.parameters + second.parameters)
     # Four stages: every stage holds weights and passes one tensor on.
-    four = pipeline_stages.plan(lm(num_layers=4), 4)
+    four = pipeline_stages.plan(model, 4)
     assert len(four) == 4 and all(s.parameters > 0 for s in four)
     assert all(len(s.outputs) == 1 for s in four)
 
@@ -147,27 +149,47 @@ def test_every_built_in_image_model_cuts_into_two_stages(name, params):
 # --- placement and equality -------------------------------------------------------------
 
 
-def test_variables_slots_and_gradient_ops_live_on_their_stage_device():
-    import tensorflow as tf
+@pytest.fixture(scope="module")
+def lm_run():
+    """One run that the placement and the equality tests ask questions of: transformer_lm (one
+    block: its cut falls inside the block, after the attention's residual add) on 2 stages, 4
+    micro-batches a step, 5 steps of SGD with momentum (whose slots are the optimizer state each
+    stage holds), beside a one-device twin trained on the same batches."""
     import tf_keras as keras
 
-    model = lm()
-    _, stages, trainer = pipelined(model, 2, optimizer=keras.optimizers.Adam(1e-3))
-    x, y = lm_batch()
-    trainer.train_on_batch(x, y)
-    device_of = {}
+    def sgd():
+        return keras.optimizers.SGD(0.1, momentum=0.9)
+
+    model = lm(num_layers=1)
+    reference = twin(model)
+    reference.compile(optimizer=sgd(),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    _, stages, trainer = pipelined(model, microbatches=4, optimizer=sgd())
+    losses = []
+    for step in range(5):
+        x, y = lm_batch(seed=step)
+        losses.append((trainer.train_on_batch(x, y)[0], reference.train_on_batch(x, y)))
+    return types.SimpleNamespace(model=model, reference=reference, stages=stages,
+                                 trainer=trainer, losses=losses)
+
+
+def test_variables_slots_and_gradient_ops_live_on_their_stage_device(lm_run):
+    import tensorflow as tf
+
+    stages, trainer = lm_run.stages, lm_run.trainer
     for stage, device in zip(stages, DEVICES):
         for variable in stage.variables:
             assert variable.device.endswith(device[len("/device:"):]), (variable.name, device)
-            device_of[variable.handle.name if hasattr(variable.handle, "name") else id(variable)] = device
     slots = {v.name: v.device for v in trainer.optimizer.variables()
              if v is not trainer.optimizer.iterations}
     assert slots and all(
         device.endswith("CPU:0") == any(f"/{layer.name}/" in name for layer in stages[0].layers)
         for name, device in slots.items()), slots
-    # In the traced step, every op of the backward pass was asked for one stage's device.
-    step = tf.function(trainer.train_step)
-    graph = step.get_concrete_function((tf.constant(x), tf.constant(y))).graph
+    # In the step the run traced (the concrete function of a batch like its own), every op of
+    # the backward pass was asked for one stage's device.
+    x, y = lm_batch()
+    batch = iter(tf.data.Dataset.from_tensors((tf.constant(x), tf.constant(y))))
+    graph = trainer.train_function.get_concrete_function(batch).graph
     gradient_ops = [op for op in graph.get_operations() if "gradient_tape" in op.name]
     assert gradient_ops
     assert {op.device.split("/device:")[-1] for op in gradient_ops} <= {"CPU:0", "CPU:1"}
@@ -175,21 +197,12 @@ def test_variables_slots_and_gradient_ops_live_on_their_stage_device():
         assert any(op.device.endswith(device[len("/device:"):]) for op in gradient_ops), index
 
 
-def test_transformer_lm_steps_equal_one_device():
-    import tf_keras as keras
-
-    model = lm()
-    reference = twin(model)
-    reference.compile(optimizer=keras.optimizers.SGD(0.1),
-                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    _, stages, trainer = pipelined(model, microbatches=4)
-    for step in range(5):
-        x, y = lm_batch(seed=step)
-        assert trainer.train_on_batch(x, y)[0] == pytest.approx(reference.train_on_batch(x, y),
-                                                                rel=1e-5)
-    trained = gathered(model, stages)
-    assert max_difference(trained, reference) < 1e-5
-    assert max_difference(trained, model) > 1e-3  # it did train
+def test_transformer_lm_steps_equal_one_device(lm_run):
+    for pipelined_loss, one_device_loss in lm_run.losses:
+        assert pipelined_loss == pytest.approx(one_device_loss, rel=1e-5)
+    trained = gathered(lm_run.model, lm_run.stages)
+    assert max_difference(trained, lm_run.reference) < 1e-5
+    assert max_difference(trained, lm_run.model) > 1e-3  # it did train
 
 
 def test_resnet_steps_equal_one_device_accumulating_the_same_micro_batches():
@@ -214,7 +227,7 @@ def test_resnet_steps_equal_one_device_accumulating_the_same_micro_batches():
 def test_gradient_accumulation_runs_groups_of_micro_batches_as_one_update():
     import tf_keras as keras
 
-    model = lm()
+    model = lm(num_layers=1)
     reference = twin(model)
     reference.compile(optimizer=keras.optimizers.SGD(0.1),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
@@ -232,7 +245,7 @@ def test_mixed_precision_trains_as_one_device_does(policy, tolerance):
 
     keras.mixed_precision.set_global_policy(policy)
     try:
-        model = lm()
+        model = lm(num_layers=1)
         optimizer = keras.optimizers.SGD(0.1)
         if policy == "mixed_float16":
             optimizer = keras.mixed_precision.LossScaleOptimizer(optimizer)
@@ -242,7 +255,7 @@ def test_mixed_precision_trains_as_one_device_does(policy, tolerance):
                           else keras.optimizers.SGD(0.1),
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         _, stages, trainer = pipelined(model, microbatches=2, optimizer=optimizer)
-        assert stages[1].get_layer("block_1_mlp_in").compute_dtype == policy[len("mixed_"):]
+        assert stages[1].get_layer("block_0_mlp_in").compute_dtype == policy[len("mixed_"):]
         losses = []
         for step in range(4):
             x, y = lm_batch(seed=step)
@@ -304,6 +317,11 @@ def test_text_lm_on_two_stages_reaches_the_one_device_bar(text_dir, tmp_path, cl
 
 
 def test_resnet_on_two_stages_is_within_two_points_of_one_device(digits_dir, tmp_path):
+    """The pipeline's BatchNormalization updates its moving statistics once per micro-batch (4
+    a step), one device's once a step: after these 176 steps one device's are still far from
+    the data's (its test accuracy: 0.069 measured, below chance), the pipeline's are not (0.963
+    measured). So the pipeline's own accuracy has a bound too, well above chance (0.1): a stage
+    left untrained or weights lost in the gather do not reach it."""
     from tftrain import config as config_lib
     from tftrain.engine import train
 
@@ -315,8 +333,9 @@ def test_resnet_on_two_stages_is_within_two_points_of_one_device(digits_dir, tmp
                                          "train.epochs=4")
         summary = train.train(config, str(tmp_path / strategy))
         accuracy[strategy] = summary["eval"]["accuracy"]
-    assert accuracy["pipeline"] >= accuracy["one_device"] - 0.02, accuracy
     print(f"resnet on digits: {accuracy}")
+    assert accuracy["pipeline"] >= accuracy["one_device"] - 0.02, accuracy
+    assert accuracy["pipeline"] >= 0.9, accuracy
 
 
 def exported_weights(run) -> dict:

@@ -20,6 +20,11 @@ from tests import forked_cli
 from tests.conftest import REPO
 from tests.pipeline_testutil import load_all
 
+# Every source converted here is small: `tftrain convert` gives it one worker and converts it in
+# its own process either way (`shard_plan`; the same shards, byte for byte). --workers=1 says so
+# before the source is read, so the command does not also start the workers' server, whose
+# TensorFlow import (~3.5 s of CPU) a forked command cannot share with the test's server.
+ONE_WORKER = "--workers=1"
 HARD_TEXTS = ["naïve café — ünïcode ✓ 日本語 𝔘𝔫𝔦", "", " ", "x" * 20_000,
               "line one\n\tindented line two\r\n", "🙂" * 300]
 
@@ -118,7 +123,8 @@ def test_a_users_text_directory_keeps_its_splits_and_fits_on_training_text_only(
     for tokenizer in ("sentencepiece", "characters"):
         out = tmp_path / tokenizer
         tftrain("convert", "--pipeline=text", f"--input={source}", f"--output={out}",
-                f"--pipeline_options=tokenizer={tokenizer},sequence_length=32,vocab_size=300")
+                f"--pipeline_options=tokenizer={tokenizer},sequence_length=32,vocab_size=300",
+                ONE_WORKER)
         manifest = json.loads((out / "dataset.json").read_text())
         assert set(manifest["splits"]) == {"train", "test"}
         if tokenizer == "sentencepiece":
@@ -131,11 +137,13 @@ def test_a_users_text_directory_keeps_its_splits_and_fits_on_training_text_only(
         train_ids = load_all(out, "train")[0]
         test_ids = load_all(out, "test")[0]
         assert (train_ids == END_ID).sum() == 1 and not (test_ids == END_ID).any()
-    # the subword dataset through the rest of the user's path: train, evaluate, generate
+    # the subword dataset through the rest of the user's path: train, evaluate, generate (two
+    # steps: the questions are that each command takes this run and its tokenizer, not how well
+    # it predicts; the module's shipped-config run answers that)
     run = tmp_path / "run"
     tftrain("train", "--config=text_lm_subword", f"--model_dir={run}",
             f"--params_override=data.dir={tmp_path / 'sentencepiece'},data.eval_split=test,"
-            "train.steps=8")
+            "train.steps=2")
     assert "perplexity=" in tftrain("evaluate", f"--model={run / 'export'}",
                                     f"--data={tmp_path / 'sentencepiece'}", "--split=test").stdout
     text = tftrain("generate", f"--model_dir={run}", "--prompt=Chapter 7. The ",
@@ -146,7 +154,7 @@ def test_a_users_text_directory_keeps_its_splits_and_fits_on_training_text_only(
 def test_jsonl_classification_on_subwords(tmp_path):
     data = tmp_path / "data"
     tftrain("convert", "--pipeline=jsonl", f"--output={data}",
-            "--pipeline_options=tokenizer=sentencepiece,max_length=24")
+            "--pipeline_options=tokenizer=sentencepiece,max_length=24", ONE_WORKER)
     manifest = json.loads((data / "dataset.json").read_text())
     assert set(manifest["features"]) == {"tokens", "label"}
     run = tmp_path / "run"
@@ -175,10 +183,10 @@ def test_append_keeps_the_model_byte_for_byte(tmp_path):
     data = tmp_path / "data"
     options = "--pipeline_options=tokenizer=sentencepiece,sequence_length=32,vocab_size=300"
     tftrain("convert", "--pipeline=text", f"--input={tmp_path / 'a.txt'}", f"--output={data}",
-            options)
+            options, ONE_WORKER)
     before = _model(data)
     tftrain("convert", "--pipeline=text", f"--input={tmp_path / 'b.txt'}", f"--output={data}",
-            options, "--append")
+            options, "--append", ONE_WORKER)
     assert _model(data) == before
     manifest = json.loads((data / "dataset.json").read_text())
     assert [a["sha256"] for a in manifest["assets"]] == [hashlib.sha256(before).hexdigest()]
@@ -200,7 +208,8 @@ def test_an_altered_model_is_refused_in_one_line(tmp_path):
     data = tmp_path / "data"
     (tmp_path / "a.txt").write_text("some text to tokenize, and more of it.\n" * 300)
     tftrain("convert", "--pipeline=text", f"--input={tmp_path / 'a.txt'}", f"--output={data}",
-            "--pipeline_options=tokenizer=sentencepiece,sequence_length=16,vocab_size=300")
+            "--pipeline_options=tokenizer=sentencepiece,sequence_length=16,vocab_size=300",
+            ONE_WORKER)
     with open(data / "tokenizer.model", "ab") as f:
         f.write(b"\0")
     done = tftrain("inspect", f"--data={data}", "--verify", check=False)
@@ -216,7 +225,7 @@ def test_jsonl_rows_are_documents_packed_with_end_ids(tmp_path):
     (tmp_path / "train.jsonl").write_text("\n".join(rows) + "\n")
     data = tmp_path / "data"
     tftrain("convert", "--pipeline=text", f"--input={tmp_path / 'train.jsonl'}",
-            f"--output={data}", "--pipeline_options=sequence_length=160")
+            f"--output={data}", "--pipeline_options=sequence_length=160", ONE_WORKER)
     manifest = json.loads((data / "dataset.json").read_text())
     assert manifest["bad_rows"]["count"] == 1 and len(manifest["splits"]) == 3  # 80/10/10
     windows = np.concatenate([np.concatenate([x, y[:, -1:]], axis=1) for x, y in (
