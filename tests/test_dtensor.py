@@ -3,7 +3,8 @@
 The pytest process has 2 CPU devices (conftest); a 2x2 mesh needs 4, which must be configured
 before TensorFlow starts, so every 4-device check runs in a process of its own with a timeout:
 a `tftrain` command in a child of the forked-CLI server (`tests/forked_cli.py`, which has not
-touched the devices), a script of the test's own in a fresh interpreter.
+touched the devices), a script of the test's own in another child of that server
+(`tests/dtensor_forked.py`).
 """
 import json
 import os
@@ -13,7 +14,7 @@ import time
 
 import pytest
 
-from tests import forked_cli
+from tests import dtensor_forked, forked_cli
 from tests.conftest import PYTHON, REPO
 from tests.launch_testutil import Running
 from tftrain import config as config_lib
@@ -187,8 +188,8 @@ print("RESULT " + json.dumps({
 
 
 def test_kernels_sharded_and_one_step_matches_single_device(digits_dir):
-    out = subprocess.run([PYTHON, "-c", ONE_STEP, digits_dir], env=_env(), cwd=REPO,
-                         capture_output=True, text=True, timeout=TIMEOUT)
+    out = dtensor_forked.run_script(ONE_STEP, [digits_dir], env=_env(), cwd=REPO,
+                                    timeout=TIMEOUT)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     assert out.returncode == 0 and lines, out.stderr[-3000:]
     result = json.loads(lines[0][len("RESULT "):])

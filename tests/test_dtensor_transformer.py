@@ -5,18 +5,17 @@ the text dataset (quality and the bytes per device in summary.json).
 
 The 4-device checks run in processes of their own: the CPU must be split before TensorFlow
 starts (the pytest process has 2 devices; see tests/test_dtensor.py). `tftrain train` runs in a
-child of the forked-CLI server (`tests/forked_cli.py`), the test's own script in a fresh
-interpreter.
+child of the forked-CLI server (`tests/forked_cli.py`), the test's own script in another child of
+that server (`tests/dtensor_forked.py`).
 """
 import json
 import math
 import os
-import subprocess
 
 import pytest
 
-from tests import forked_cli
-from tests.conftest import PYTHON, REPO
+from tests import dtensor_forked, forked_cli
+from tests.conftest import REPO
 from tests.test_language_model import unigram_perplexity
 from tftrain.errors import ConfigError
 from tftrain.runtime import dtensor_layouts as layouts
@@ -123,9 +122,17 @@ fit_config = config_lib.build_config("text_lm", {}, "train.optimizer=sgd,train.m
 fit_plan = steps.StepPlan(STEPS, 1, STEPS)
 task = tasks.from_config(fit_config, json.load(open(f"{data_dir}/dataset.json")))
 results = {}
+# One device's side of every comparison (gradients, prediction, STEPS steps through fit) is
+# computed with the first mesh and reused for the second: both start from the same seeded
+# weights (checked) on the same batch.
+one_device = None
 for name, (mesh, dims) in meshes.items():
     keras.utils.set_random_seed(0)
     model = models.build_model("transformer_lm", params, (64,), info["vocab_size"], info)
+    initial = [w.numpy() for w in model.weights]
+    if one_device is not None:
+        assert len(initial) == len(one_device["initial"]) and all(
+            np.array_equal(a, b) for a, b in zip(initial, one_device["initial"])), name
     plan = dtensor_runtime.resolve_layouts(model, "transformer_lm", {}, dims)
     sharded = dtensor_runtime.build_sharded(model, mesh, plan)
     variables = dtensor_runtime.named_variables(sharded)
@@ -147,10 +154,12 @@ for name, (mesh, dims) in meshes.items():
                 for g in grads]
 
     plain = dtensor_runtime.named_variables(model)
-    with tf.GradientTape() as tape:
-        value = loss(y, model(x, training=True))
-    single = dict(zip(paths, map(tf.convert_to_tensor,
-                                 tape.gradient(value, [plain[p] for p in paths]))))
+    if one_device is None:
+        with tf.GradientTape() as tape:
+            value = loss(y, model(x, training=True))
+        one_device = {"initial": initial, "gradients": dict(zip(paths, map(
+            tf.convert_to_tensor, tape.gradient(value, [plain[p] for p in paths]))))}
+    single = one_device["gradients"]
     on_mesh = dict(zip(paths, (dtensor.unpack(g)[0] for g in mesh_gradients(*batch))))
     # The SGD step (lr 0.5) each computes from the same weights: w - 0.5 * gradient.
     diffs = {p: float(np.abs(0.5 * (on_mesh[p] - single[p])).max()) for p in paths}
@@ -159,7 +168,9 @@ for name, (mesh, dims) in meshes.items():
     out = dtensor.relayout(tf.function(sharded)(dtensor.relayout(
         dtensor.copy_to_mesh(tf.cast(x, tf.int32), dtensor.Layout.replicated(mesh, 2)),
         dtensor.Layout.batch_sharded(mesh, "batch", 2))), dtensor.Layout.replicated(mesh, 3))
-    prediction = float(np.abs(dtensor.unpack(out)[0].numpy() - model(x).numpy()).max())
+    if "prediction" not in one_device:
+        one_device["prediction"] = model(x).numpy()
+    prediction = float(np.abs(dtensor.unpack(out)[0].numpy() - one_device["prediction"]).max())
 
     # STEPS compiled steps through fit on the mesh (the backend's optimizer: SGD with momentum
     # and a warmup, and the task's metrics) = the same steps on one device, from the same
@@ -167,17 +178,22 @@ for name, (mesh, dims) in meshes.items():
     start = {p: dtensor_runtime.gather(v).numpy() for p, v in variables.items()}
     sharded.compile(optimizer=dtensor_runtime.make_optimizer(fit_config.train, fit_plan, mesh),
                     loss=loss, metrics=dtensor_runtime.metrics_on_mesh(task.metrics(), mesh))
-    model.compile(optimizer=optimizers.make_optimizer(fit_config.train, STEPS, STEPS),
-                  loss=loss, metrics=task.metrics())
     dataset = dtensor.DTensorDataset(
         tf.data.Dataset.from_tensor_slices((tf.cast(x, tf.int32), y)).repeat(), mesh=mesh,
         global_batch_size=8, batch_dim="batch",
         layouts=(dtensor.Layout.batch_sharded(mesh, "batch", 2),) * 2)
     on_mesh_logs = sharded.fit(dataset, epochs=1, steps_per_epoch=STEPS, verbose=0).history
-    single_logs = model.fit(tf.data.Dataset.from_tensors((tf.cast(x, tf.int32), y)).repeat(),
-                            epochs=1, steps_per_epoch=STEPS, verbose=0).history
+    if "fit_logs" not in one_device:
+        model.compile(optimizer=optimizers.make_optimizer(fit_config.train, STEPS, STEPS),
+                      loss=loss, metrics=task.metrics())
+        one_device["fit_logs"] = model.fit(
+            tf.data.Dataset.from_tensors((tf.cast(x, tf.int32), y)).repeat(), epochs=1,
+            steps_per_epoch=STEPS, verbose=0).history
+        one_device["fit_weights"] = {p: v.numpy() for p, v in plain.items()}
+    single_logs = one_device["fit_logs"]
     after = {p: dtensor_runtime.gather(v).numpy() for p, v in variables.items()}
-    fit_diffs = {p: float(np.abs(after[p] - v.numpy()).max()) for p, v in plain.items()}
+    fit_diffs = {p: float(np.abs(after[p] - v).max())
+                 for p, v in one_device["fit_weights"].items()}
     fit_moved = {p: float(np.abs(after[p] - start[p]).max()) for p in paths}
     logs = {k: [on_mesh_logs[k][0], single_logs[k][0]] for k in single_logs}
     results[name] = {"plan": {p: list(s) for p, s in plan.items()}, "layouts": found,
@@ -189,8 +205,7 @@ print("RESULT " + json.dumps({"vocab_size": info["vocab_size"], "meshes": result
 
 
 def test_transformer_lm_kernels_sharded_and_steps_through_fit_match_one_device(text_dir):
-    out = subprocess.run([PYTHON, "-c", ONE_STEP, str(text_dir)], env=_env(), cwd=REPO,
-                         capture_output=True, text=True, timeout=TIMEOUT)
+    out = dtensor_forked.run_script(ONE_STEP, [text_dir], env=_env(), cwd=REPO, timeout=TIMEOUT)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     assert out.returncode == 0 and lines, out.stderr[-3000:]
     result = json.loads(lines[0][len("RESULT "):])

@@ -3,13 +3,7 @@ state of a real run (one device and a DTensor mesh with sharded Adafactor state)
 report, and suggestions that fit when re-checked."""
 import json
 
-import pytest
-
-from tests import forked_cli
-from tests.conftest import REPO
-from tests.test_dtensor import _env
-
-TIMEOUT = 600
+from tests.dtensor_runs import ADAFACTOR_SHARDED, dtensor_adafactor_run  # noqa: F401
 
 
 def _plan(cli, tmp_path, *args) -> tuple[int, dict]:
@@ -19,7 +13,9 @@ def _plan(cli, tmp_path, *args) -> tuple[int, dict]:
 
 
 def test_the_plan_is_what_a_one_device_run_holds(cli, tmp_path, digits_dir, capsys):
-    overrides = f"--params_override=data.dir={digits_dir},train.epochs=1"
+    # 2 steps: the weights and the optimizer's slots exist, at their size, from the first one.
+    overrides = (f"--params_override=data.dir={digits_dir},train.steps=2,"
+                 "train.validation_steps=1,train.test_steps=1")
     run = tmp_path / "run"
     assert cli("train", "--config=digits", f"--model_dir={run}", overrides) == 0
     measured = json.loads((run / "summary.json").read_text())["memory"]
@@ -37,17 +33,13 @@ def test_the_plan_is_what_a_one_device_run_holds(cli, tmp_path, digits_dir, caps
                for line in capsys.readouterr().out.splitlines())
 
 
-def test_the_plan_is_what_a_dtensor_run_with_sharded_adafactor_state_holds(cli, tmp_path,
-                                                                            digits_dir):
-    overrides = (f"--params_override=data.dir={digits_dir},train.epochs=1,"
-                 "train.optimizer=adafactor,train.learning_rate=0.01,"
-                 "runtime.shard_optimizer_state=true")
-    run = tmp_path / "run"
-    # In a process of its own: the mesh needs 4 CPU devices, this process has 2.
-    done = forked_cli.run(["train", "--config=digits_dtensor", f"--model_dir={run}", overrides],
-                          env=_env(), cwd=REPO, timeout=TIMEOUT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    measured = json.loads((run / "summary.json").read_text())["memory"]
+def test_the_plan_is_what_a_dtensor_run_with_sharded_adafactor_state_holds(
+        cli, tmp_path, digits_dir, dtensor_adafactor_run):
+    """The run is the one tests/test_optimizer_state.py resumes (`tests.dtensor_runs`), trained
+    in a process of its own (the mesh needs 4 CPU devices, this process has 2); the plan is
+    made for the same config and overrides."""
+    overrides = f"--params_override=data.dir={digits_dir},{ADAFACTOR_SHARDED}"
+    measured = json.loads((dtensor_adafactor_run / "summary.json").read_text())["memory"]
     code, report = _plan(cli, tmp_path, "--config=digits_dtensor", "--target=cpu", overrides)
     assert code == 0, report["findings"]
     planned = report["memory"]

@@ -1,18 +1,18 @@
 """Optimizer state for big models: tftrain's Adafactor (factored second moments only) and
 DTensor's optimizer slots sharded over the mesh's batch dimension (ZeRO-1)."""
 import json
-import subprocess
-import sys
+import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras as keras
 
+from tests import dtensor_forked
 from tests.conftest import REPO
+from tests.dtensor_runs import dtensor_adafactor_run  # noqa: F401  (a fixture)
 from tftrain.training import optimizers
 
-PYTHON = sys.executable
 TIMEOUT = 600
 
 
@@ -87,7 +87,7 @@ def test_adafactor_keeps_factored_moments_only():
     assert theirs > params  # a full copy and more: what tftrain's Adafactor does not keep
 
 
-# --- On a batch:2,model:2 mesh of virtual CPU devices (a subprocess) ----------------------------
+# --- On a batch:2,model:2 mesh of virtual CPU devices (a forked process) --------------------------
 
 MESH_STEPS = r'''
 import json, sys
@@ -137,9 +137,9 @@ print("RESULT " + json.dumps({"diffs": diffs, "slots": slots, "report": report,
 
 
 def _mesh_steps(digits_dir, overrides: str) -> dict:
-    env = {**__import__("os").environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    out = subprocess.run([PYTHON, "-c", MESH_STEPS, digits_dir, overrides], env=env, cwd=REPO,
-                         capture_output=True, text=True, timeout=TIMEOUT)
+    env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    out = dtensor_forked.run_script(MESH_STEPS, [digits_dir, overrides], env=env, cwd=REPO,
+                                    timeout=TIMEOUT)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     assert out.returncode == 0 and lines, out.stderr[-3000:]
     return json.loads(lines[0][len("RESULT "):])
@@ -193,16 +193,12 @@ def test_adafactor_trains_through_the_cli(cli, tmp_path, digits_dir, strategy):
         0.1 * summary["memory"]["weights_bytes_per_device"])  # Adam's would be 2x
 
 
-def test_dtensor_adafactor_with_sharded_state_resumes_through_the_cli(tmp_path, digits_dir):
-    """SIGTERM after the first backup, then the same command: the batch-split slots are saved
-    and restored as they are, and the run finishes."""
-    from tests.test_dtensor import interrupted_then_resumed
-
-    run = tmp_path / "run"
-    command = ["train", "--config=digits_dtensor", f"--model_dir={run}",
-               f"--params_override=data.dir={digits_dir},train.epochs=3,train.optimizer=adafactor,"
-               "train.learning_rate=0.01,runtime.shard_optimizer_state=true"]
-    summary = interrupted_then_resumed(command, run)
+def test_dtensor_adafactor_with_sharded_state_resumes_through_the_cli(dtensor_adafactor_run):
+    """SIGTERM after the first backup, then the same command (the shared run's build, asserting
+    exit 143 and then 0): the batch-split slots are saved and restored as they are, and the run
+    finishes."""
+    run = dtensor_adafactor_run
+    summary = json.loads((run / "summary.json").read_text())
     assert summary["resumed_from"] and summary["eval"]["accuracy"] > 0.8, summary
     planned, measured = summary["dtensor"]["memory"], summary["memory"]
     assert planned["shard_optimizer_state"] and planned["optimizer"] == "adafactor"

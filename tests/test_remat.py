@@ -17,14 +17,16 @@ TIMEOUT = 600
 STEPS = "train.steps=3,train.validation_steps=1,train.test_steps=1"
 
 
-def trained(cwd, name: str, config: str, overrides: str, *flags) -> list:
+def trained(cwd, name: str, config: str, overrides: str, *flags, load: bool = True) -> list:
     """Trains `config` into runs/<name> in its own process (op determinism and the DTensor
     mesh's logical devices are process-wide: `tests/forked_cli.py`); returns the exported
-    model's weights."""
+    model's weights, loaded by tf-keras (`load=False`: does not load it, returns [])."""
     done = forked_cli.run(["train", f"--config={config}", f"--model_dir=runs/{name}",
                            f"--params_override={overrides}", *flags], cwd=cwd,
                           env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=TIMEOUT)
     assert done.returncode == 0, done.stderr[-3000:]
+    if not load:
+        return []
     recomputed_block_class()  # registered, for loading the export
     model = keras.models.load_model(saved_model_dir(str(cwd / "runs" / name / "export")),
                                     compile=False)
@@ -76,10 +78,13 @@ def test_recomputed_blocks_train_to_the_same_weights(name):
 @pytest.fixture(scope="module")
 def lm_run(tmp_path_factory, text_dir):
     """text_lm with recomputation and deterministic ops, on the session's converted text
-    (converted as text_lm's default data path converts it)."""
+    (converted as text_lm's default data path converts it). Its export is not loaded into
+    tf-keras here (its weights were never read): `generate` loads it through its signatures,
+    and test_a_recomputed_model_on_a_dtensor_mesh loads a recomputed model's export (the same
+    ordinary model, its weights gathered from the mesh) into tf-keras."""
     cwd = tmp_path_factory.mktemp("user")
     trained(cwd, "remat", "text_lm", f"data.dir={text_dir},{STEPS},train.deterministic=true,"
-            "model.params.remat=true")
+            "model.params.remat=true", load=False)
     return cwd
 
 
