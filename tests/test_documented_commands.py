@@ -7,9 +7,12 @@
 They run as the user runs them: each its own process entering `tftrain.cli.run` (the console
 script's entry point; forked from a server that imported TensorFlow once, `tests/forked_cli.py`;
 tests/test_wheel.py runs the installed script itself), in a fresh directory (so the first
-command converts `data/digits` the way the default path does), with only the epoch count
-lowered (`train.epochs`). Commands that need a Cloud TPU VM and a bucket
-(`YOUR_BUCKET`) run too, and must stop with the one-line error of a machine without a TPU.
+command converts `data/digits` the way the default path does), with only their steps lowered
+(`FEWER_STEPS` for `train`, `DOCTOR_STEPS` for `doctor`, fewer demo epochs: `DEMO_EPOCHS`).
+Commands that need a Cloud TPU VM and a bucket (`YOUR_BUCKET`) run too, and must stop with the
+one-line error of a machine without a TPU. A `tftrain check` must pass its target
+(`assert_check_passes`); where it checks a shipped config as shipped on a target the config
+claims (`shipped_check`), it also answers tests/test_check.py's question for that pair.
 """
 import glob
 import json
@@ -23,7 +26,17 @@ import pytest
 from tests import forked_cli
 from tests.conftest import REPO
 
-EPOCHS = "train.epochs=1"
+# A `train` command runs 2 steps of 1 epoch (then validates, tests and exports as written),
+# unless it sets its own train.steps; a `doctor` command times 10 steps per measurement instead
+# of 100 (the same code makes its tables; tests/test_doctor.py asks what they say).
+FEWER_STEPS = "train.epochs=1,train.steps_per_epoch=2"
+DOCTOR_STEPS = "--steps=10"
+# `make demo` trains digits for 6 of its 15 epochs: its prune (the default 1,200 fine-tuning
+# steps, as written) and quantize must pass their gates on that model. Measured on the 2-core
+# VM (test accuracy, then the examples of 189 that pruning lost): 4 epochs 0.952 (pruning then
+# gains 4: an unsettled model makes the gate easy), 5 0.968 (0), 6 0.984 (0), 8 0.984 (1),
+# 15 0.989 (1); int8 and float16 lost none from 4 epochs on. The prune gate fails at 2 lost.
+DEMO_EPOCHS = 6
 TIMEOUT = 420
 # Configs whose model is too big for the suite: their commands run here on a model of a few
 # million parameters with the same settings otherwise; bench/big_model.py runs them as written.
@@ -85,11 +98,18 @@ def demo_commands() -> list[str]:
     return commands
 
 
-def with_fewer_epochs(args: list[str], epochs: str | None = EPOCHS) -> list[str]:
-    """`args` of a `tftrain train` command with `train.epochs` lowered by override."""
-    if args[:2] != ["tftrain", "train"] or not epochs:
-        return args
-    return with_override(args, epochs)
+def with_fewer_steps(args: list[str], fewer: str | None = FEWER_STEPS,
+                     doctor_steps: str | None = DOCTOR_STEPS) -> list[str]:
+    """`args` with fewer steps: a `tftrain train` command with `fewer` added to its overrides
+    (unless it sets train.steps itself), a `tftrain doctor` command with `doctor_steps` (unless
+    it gives --steps)."""
+    if args[:2] == ["tftrain", "train"] and fewer and not any(
+            arg.startswith("--params_override=") and "train.steps=" in arg for arg in args):
+        return with_override(args, fewer)
+    if args[:2] == ["tftrain", "doctor"] and doctor_steps and not any(
+            arg.startswith("--steps") for arg in args):
+        return args + [doctor_steps]
+    return args
 
 
 def with_override(args: list[str], override: str) -> list[str]:
@@ -100,9 +120,9 @@ def with_override(args: list[str], override: str) -> list[str]:
     return args + [f"--params_override={override}"]
 
 
-def run(command: str, cwd, epochs: str | None = EPOCHS,
+def run(command: str, cwd, fewer: str | None = FEWER_STEPS, doctor_steps: str | None = DOCTOR_STEPS,
         smaller: str | None = None) -> subprocess.CompletedProcess:
-    args = with_fewer_epochs(shlex.split(command), epochs)
+    args = with_fewer_steps(shlex.split(command), fewer, doctor_steps)
     if smaller and args[1] in ("train", "check"):
         args = with_override(args, smaller)
     assert args[0] == "tftrain", command
@@ -119,6 +139,64 @@ def user_dir(tmp_path_factory):
 CONFIG_COMMANDS = [(os.path.basename(path), command)
                    for path in sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml")))
                    for command in header_commands(path)]
+
+
+def check_target(config: str, args: list[str]) -> str:
+    """The target kind that `tftrain check <args>` checks shipped `config` (a file name) on: its
+    --target, else the one its config's runtime.strategy implies (as --target's help says: tpu,
+    multi_worker for multi_worker_mirrored, else cpu). The command's summary line must name the
+    same kind (`assert_check_passes`)."""
+    for arg in args:
+        if arg.startswith("--target="):
+            return arg.split("=", 1)[1]
+    from tftrain import config as config_lib
+
+    runtime = config_lib.build_config(config[:-len(".yaml")]).runtime
+    if runtime.strategy == "tpu" or (runtime.strategy == "auto" and runtime.tpu):
+        return "tpu"
+    return "multi_worker" if runtime.strategy == "multi_worker_mirrored" else "cpu"
+
+
+# The flags of a `tftrain check` that leave the shipped config as it is: which config, which
+# target, which TPU (generation, cores); and of --params_override only data.dir (where the
+# data is: a config whose data.dir is a gs:// placeholder is checked on a local copy).
+UNCHANGED_CONFIG_FLAGS = ("--config=", "--target=", "--tpu_type=", "--tpu_cores=")
+
+
+def shipped_check(config: str, command: str) -> str | None:
+    """The target on which header `command` of `config` checks that config as shipped, or None
+    for any other command (another config; a setting changed: a batch size, a precision, the
+    replicas). tests/test_check.py leaves these (config, target) pairs to this file."""
+    args = shlex.split(command)
+    if (args[:2] != ["tftrain", "check"] or f"--config={config[:-len('.yaml')]}" not in args
+            or "YOUR_BUCKET" in command):  # a placeholder: such a command must fail here
+        return None
+    for arg in args[2:]:
+        if arg.startswith("--params_override="):
+            overrides = arg.split("=", 1)[1].split(",")
+            if not all(override.startswith("data.dir=") for override in overrides):
+                return None
+        elif not arg.startswith(UNCHANGED_CONFIG_FLAGS):
+            return None
+    return check_target(config, args)
+
+
+def assert_check_passes(stdout: str, stderr: str, target: str) -> None:
+    """What `tftrain check` prints when its config passes `target` (cpu, gpu, tpu or
+    multi_worker): ok and advice lines only, a summary of 0 errors for that kind of target, the
+    real train step run (so the data were there) and, on a GPU, compiled with XLA as `train`
+    would; Keras's warning that this machine has no GPU for mixed_float16 hidden."""
+    from tftrain.check import DEVICE_WARNING
+
+    lines = stdout.strip().splitlines()
+    assert lines and lines[-1].startswith("summary: 0 errors,"), lines
+    assert re.search(rf" ok for {target}[ ,]", lines[-1]), (target, lines[-1])
+    assert all(line.split()[0] in ("ok", "advice") for line in lines[:-1]), lines
+    assert any(line.startswith("ok     xla       train step") for line in lines), lines
+    assert DEVICE_WARNING not in stderr and "mixed_float16 may run slowly" not in stderr, stderr
+    if target == "gpu":  # runtime.jit_compile=auto: train compiles with XLA on a GPU
+        assert any("as `train` compiles it on a GPU with runtime.jit_compile=auto" in line
+                   for line in lines), lines
 
 
 def test_every_shipped_config_shows_how_to_run_it():
@@ -141,6 +219,9 @@ def test_config_header_command_runs_as_written(config, command, user_dir):
     assert "Traceback" not in output
     if command.startswith("tftrain train"):
         assert re.search(r"test split: .*(accuracy|rmse)=\d+\.\d+", result.stdout), output[-2000:]
+    if command.startswith("tftrain check"):  # on the data the commands before it converted
+        target = check_target(config, shlex.split(command))
+        assert_check_passes(result.stdout, result.stderr, target)
 
 
 AFTER_DEMO = "runs/demo"  # README examples on the demo's run: checked after `make demo`
@@ -149,7 +230,7 @@ AFTER_DEMO = "runs/demo"  # README examples on the demo's run: checked after `ma
 @pytest.mark.parametrize("command,shown", [(c, s) for c, s in readme_examples()
                                            if AFTER_DEMO not in c], ids=lambda x: str(x)[:40])
 def test_readme_example_prints_what_readme_shows(command, shown, tmp_path):
-    result = run(command, tmp_path, epochs=None)  # exactly as shown
+    result = run(command, tmp_path, fewer=None)  # as shown (a doctor times fewer steps)
     printed = (result.stdout + result.stderr).splitlines()
     for line in shown:
         assert line in printed, f"{command}: README shows {line!r}; it printed {printed}"
@@ -163,12 +244,13 @@ def test_readme_has_examples_to_check():
 def test_make_demo_recipe_runs_as_written(tmp_path):
     commands = demo_commands()
     assert [c.split()[1] for c in commands] == ["train", "prune", "quantize"]
-    for command in commands:  # exactly as written: the defaults must meet their own bars
-        result = run(command, tmp_path, epochs=None)
+    for command in commands:  # as written, fewer epochs: the defaults must meet their own bars
+        result = run(command, tmp_path, fewer=f"train.epochs={DEMO_EPOCHS}")
         output = result.stdout + result.stderr
         assert result.returncode == 0, f"{command}\n{output[-3000:]}"
         assert not chatter(output), f"{command}: library chatter shown: {chatter(output)}"
-        assert "Epoch 15/15" in output or not command.startswith("tftrain train")
+        assert (f"Epoch {DEMO_EPOCHS}/{DEMO_EPOCHS}" in output
+                or not command.startswith("tftrain train")), output[-3000:]
     assert "| int8 |" in result.stdout and "| pruned |" in result.stdout
     summary = json.loads((tmp_path / "runs/demo/summary.json").read_text())
     assert summary["eval"]["accuracy"] >= 0.95
@@ -197,18 +279,22 @@ def test_verbose_flag_shows_the_library_lines_again(tmp_path, digits_dir):
     """`-v 1` is the way back to everything the libraries say, in train, prune and quantize."""
     run_dir = tmp_path / "run"
     trained = run(f"tftrain train -v 1 --model_dir={run_dir} --params_override=data.dir="
-                  f"{digits_dir},train.steps_per_epoch=5", tmp_path)
+                  f"{digits_dir},train.steps_per_epoch=5", tmp_path, fewer="train.epochs=1")
     assert trained.returncode == 0, trained.stderr[-2000:]
     # on the run just trained, one fine-tuning epoch (its 5 steps): the cheapest prune there is
     pruned = run(f"tftrain prune -v 1 --model_dir={run_dir} --epochs=1", tmp_path)
     quantized = run(f"tftrain quantize -v 1 --model_dir={run_dir} --mode=dynamic", tmp_path)
     assert pruned.returncode == 0, pruned.stderr[-2000:]
     assert quantized.returncode == 0, quantized.stderr[-2000:]
-    shown = chatter(trained.stdout + trained.stderr + quantized.stdout + quantized.stderr)
-    for expected in ("Sharding callback duration", "Writing fingerprint", "Using new converter",
-                     "No training configuration found"):
-        assert any(expected in line for line in shown), f"-v 1 hides {expected!r}"
-    shown_by_prune = chatter(pruned.stdout + pruned.stderr)
-    for expected in ("Sharding callback duration", "Writing fingerprint", "Found untraced",
-                     "Using new converter", "No training configuration found"):
-        assert any(expected in line for line in shown_by_prune), f"prune -v 1 hides {expected!r}"
+    saving = ("Sharding callback duration", "Writing fingerprint")  # a SavedModel written
+    each_shows = {  # each command its own lines (quantize alone shows all the train lines too)
+        "train": (trained, saving),
+        "prune": (pruned, saving + ("Found untraced", "Using new converter",
+                                    "No training configuration found")),
+        "quantize": (quantized, saving + ("Using new converter",
+                                          "No training configuration found")),
+    }
+    for command, (result, lines) in each_shows.items():
+        shown = chatter(result.stdout + result.stderr)
+        for expected in lines:
+            assert any(expected in line for line in shown), f"{command} -v 1 hides {expected!r}"
