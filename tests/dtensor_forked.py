@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import threading
 
 from tests import forked_cli
 
@@ -33,27 +32,9 @@ def run_script(script: str, args, cwd, env: dict, timeout: float) -> subprocess.
     """`script` with `args` in a forked child (see the module docstring); a child still running
     after `timeout` seconds is killed with its process group and TimeoutExpired raised."""
     args = [os.fspath(a) for a in args]
-    process = forked_cli.Popen([script, *args], cwd=cwd, env=env, stdout=forked_cli.PIPE,
-                               stderr=forked_cli.PIPE, entry=ENTRY)
-    captured = {}
-
-    def read(name, stream):
-        captured[name] = stream.read()
-        stream.close()
-
-    readers = [threading.Thread(target=read, args=(name, getattr(process, name)), daemon=True)
-               for name in ("stdout", "stderr")]
-    for reader in readers:
-        reader.start()
     command = ["python", "-c", "<script>", *args]
     try:
-        process.wait(timeout)
+        done = forked_cli.run([script, *args], cwd=cwd, env=env, timeout=timeout, entry=ENTRY)
     except subprocess.TimeoutExpired:
-        forked_cli.kill_group(process.pid)
-        process.wait(30)
         raise subprocess.TimeoutExpired(command, timeout) from None
-    finally:
-        for reader in readers:
-            reader.join(30)
-    return subprocess.CompletedProcess(command, process.returncode, captured.get("stdout", ""),
-                                       captured.get("stderr", ""))
+    return subprocess.CompletedProcess(command, done.returncode, done.stdout, done.stderr)

@@ -18,15 +18,16 @@ import signal
 import subprocess
 import threading
 
-from tftrain.forked import DEVNULL, PIPE, STDOUT, Popen  # noqa: F401  (the tests' names)
+from tftrain.forked import DEVNULL, ENTRY_POINT, PIPE, STDOUT, Popen  # noqa: F401
 
 
-def run(args: list[str], cwd=None, env: dict | None = None,
-        timeout: float | None = None) -> subprocess.CompletedProcess:
+def run(args: list[str], cwd=None, env: dict | None = None, timeout: float | None = None,
+        entry: str = ENTRY_POINT) -> subprocess.CompletedProcess:
     """`subprocess.run(["tftrain", *args], capture_output=True, text=True, timeout=...)` in a
     forked child: the output is read while the command runs; a command still running after
-    `timeout` seconds is killed (with its process group) and TimeoutExpired raised."""
-    process = Popen(args, cwd=cwd, env=env, stdout=PIPE, stderr=PIPE)
+    `timeout` seconds is killed (with its process group) and TimeoutExpired raised. `entry`:
+    another function called with `["tftrain", *args]` (`tftrain.forked.Popen`)."""
+    process = Popen(args, cwd=cwd, env=env, stdout=PIPE, stderr=PIPE, entry=entry)
     captured = {}
 
     def read(name, stream):
