@@ -244,6 +244,7 @@ def test_mixed_precision_trains_as_one_device_does(policy, tolerance):
     import tf_keras as keras
 
     keras.mixed_precision.set_global_policy(policy)
+    keras.utils.set_random_seed(0)
     try:
         model = lm(num_layers=1)
         optimizer = keras.optimizers.SGD(0.1)
@@ -256,12 +257,14 @@ def test_mixed_precision_trains_as_one_device_does(policy, tolerance):
                           loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         _, stages, trainer = pipelined(model, microbatches=2, optimizer=optimizer)
         assert stages[1].get_layer("block_0_mlp_in").compute_dtype == policy[len("mixed_"):]
+        # One batch, four steps: its loss falls by 0.8-1.3 over seeds 0-5 (measured); losses of
+        # different random batches are too noisy to show learning in four steps.
+        x, y = lm_batch(seed=0)
         losses = []
-        for step in range(4):
-            x, y = lm_batch(seed=step)
+        for _ in range(4):
             losses.append(trainer.train_on_batch(x, y)[0])
             reference.train_on_batch(x, y)
-        assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0]
+        assert all(math.isfinite(loss) for loss in losses) and losses[-1] < losses[0] - 0.4
         assert all(v.dtype == "float32" for stage in stages for v in stage.weights)
         assert max_difference(gathered(model, stages), reference) < tolerance
     finally:
