@@ -139,3 +139,26 @@ def test_write_dir_for_non_chief_workers(monkeypatch, tmp_path):
 def test_free_ports_are_distinct():
     ports = free_ports(4)
     assert len(set(ports)) == 4 and all(p > 0 for p in ports)
+
+
+def test_a_worker_killed_by_a_signal_is_the_cause_over_a_peer_that_exited_with_an_error():
+    """Both ended between two polls: the SIGKILLed worker 1 is named, not worker 0, which lost
+    its collective to it and exited with code 1 a moment earlier."""
+    from tftrain.runtime.launch import Launcher, Worker
+
+    class Ended:
+        def __init__(self, code):
+            self.returncode = code
+
+        def poll(self):
+            return self.returncode
+
+    launcher = Launcher(["train"], 3)
+    launcher.workers = [Worker(i, Ended(code), None, None)
+                        for i, code in enumerate([1, -signal.SIGKILL, None])]
+    assert launcher._failed_worker().index == 1
+    assert launcher._failed_worker().describe_exit() == "was killed by SIGKILL"
+    launcher.workers[1].process.returncode = None
+    assert launcher._failed_worker().index == 0
+    launcher.workers[0].process.returncode = 0
+    assert launcher._failed_worker() is None

@@ -18,7 +18,7 @@ import pytest
 from tftrain import config as config_lib
 from tftrain.engine import train
 from tftrain.callbacks.callback_state import CallbackState
-from tftrain.callbacks.preemption import Preempted
+from tftrain.callbacks.preemption import Preempted, SigtermHandler
 from tftrain.callbacks.step_timer import StepTimer
 
 SMALL = ("model.name=mlp,model.params={hidden_units: [16]},data.batch_size=16,"
@@ -156,7 +156,7 @@ def test_a_sigterm_after_the_last_step_stops_the_run_with_its_backup(tmp_path, d
     import tf_keras as keras
 
     from tftrain.callbacks.backup import Backup, steps_done
-    from tftrain.callbacks.preemption import PreemptionCallback, SigtermHandler
+    from tftrain.callbacks.preemption import PreemptionCallback
     from tftrain.data import load
 
     class SigtermAtTheLastEpochEnd(keras.callbacks.Callback):
@@ -170,7 +170,7 @@ def test_a_sigterm_after_the_last_step_stops_the_run_with_its_backup(tmp_path, d
     dataset = load(digits_dir, "train", 16, training=True, repeat=True, seed=0)
     backup_dir = str(tmp_path / "backup")
     backup = Backup(backup_dir)
-    with SigtermHandler() as handler, pytest.raises(Preempted, match="epoch 2 step 3"):
+    with pytest.raises(Preempted, match="epoch 2 step 3"), SigtermHandler() as handler:
         model.fit(dataset, epochs=2, steps_per_epoch=3, verbose=0,
                   callbacks=[SigtermAtTheLastEpochEnd(), backup, PreemptionCallback(handler, backup)])
     assert handler.received and steps_done(backup_dir, 3) == 6
@@ -181,7 +181,6 @@ def test_a_sigterm_that_c_code_reports_as_another_error_is_still_preempted():
     the Preempted into `SystemError: ... bad argument to internal function` with the Preempted
     as its context (seen in this file's tests): the run still ends as preempted (exit 143), not
     in a traceback. An error of its own is left as it is."""
-    from tftrain.callbacks.preemption import SigtermHandler
 
     with pytest.raises(Preempted, match="stopped by SIGTERM") as raised:
         with SigtermHandler():
@@ -193,3 +192,14 @@ def test_a_sigterm_that_c_code_reports_as_another_error_is_still_preempted():
     with pytest.raises(SystemError):
         with SigtermHandler():
             raise SystemError("not a signal")
+
+
+def test_a_sigterm_swallowed_on_the_way_still_ends_the_run_as_preempted():
+    """A broad `except Exception` between the signal and the handler (a library's, or a
+    fallback of ours) does not turn a preempted run into a finished one."""
+    with pytest.raises(Preempted, match="run the same command again"):
+        with SigtermHandler():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+            except Exception:
+                pass

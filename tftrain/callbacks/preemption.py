@@ -44,6 +44,9 @@ class SigtermHandler:
         if self._previous is not None:
             signal.signal(signal.SIGTERM, self._previous)
             self._previous = None
+        if exc is None and self.received:
+            # The Preempted raised at the signal was swallowed by a broad `except` on the way.
+            raise Preempted("stopped by SIGTERM; run the same command again to resume")
         preempted = _preempted_in_chain(exc)
         if preempted is not None and preempted is not exc:
             # Raised from the handler inside C code (TensorFlow tracing an export), Python can

@@ -45,6 +45,7 @@ import tf_keras as keras
 from absl import logging
 
 from pipelines import dataset_pipeline
+from tftrain.callbacks import preemption
 from tftrain import ownership, run_dir
 from tftrain.data import foreign, reader
 from tftrain.fileio import join, remove
@@ -81,6 +82,8 @@ def export(model, export_dir: str, data=None, manifest: dict | None = None) -> s
         signatures, resources = example_signatures(model, data, manifest)
         with _tracking(model, resources):
             save_saved_model(model, path, {**default, **signatures})
+    except preemption.Preempted:
+        raise
     except Exception as e:  # a user's decode may not trace or serialize: keep the tensor export
         logging.warning("%s gets the tensor signature serving_default only: the %s and %s "
                         "signatures failed for pipeline %r (%s: %s)", path, EXAMPLES_SIGNATURE,

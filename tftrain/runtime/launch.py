@@ -271,16 +271,16 @@ class Launcher:
                 self.say(f"received {name}: stopping all workers")
                 self.stop_all()
                 return 128 + self._stop_signal, None
-            for worker in self.workers:
-                code = worker.process.poll()
-                if code is not None and code != 0:
-                    cause = f"worker {worker.index} {worker.describe_exit()} at {_now()}"
-                    self._drain(worker)
-                    self.say(f"worker {worker.index} {worker.describe_exit()}; stopping the other "
-                             f"workers. Its last lines:\n{worker.last_lines()}")
-                    cause += self._where()
-                    self.stop_all()
-                    return (code if code > 0 else 128 - code), cause
+            failed = self._failed_worker()
+            if failed is not None:
+                code = failed.process.returncode
+                cause = f"worker {failed.index} {failed.describe_exit()} at {_now()}"
+                self._drain(failed)
+                self.say(f"worker {failed.index} {failed.describe_exit()}; stopping the other "
+                         f"workers. Its last lines:\n{failed.last_lines()}")
+                cause += self._where()
+                self.stop_all()
+                return (code if code > 0 else 128 - code), cause
             if chief.process.returncode == 0:
                 return self._finish_after_chief(), None
             if self._timed_out():
@@ -299,6 +299,14 @@ class Launcher:
                 self.stop_all()
                 return HANG_EXIT_CODE, cause
             time.sleep(0.2)
+
+    def _failed_worker(self) -> Optional[Worker]:
+        """A worker that ended with an error, or None. One killed by a signal comes first: its
+        peers lose their collectives to it and often exit with an error a moment before the
+        launcher sees it gone."""
+        failed = [w for w in self.workers if w.process.poll() not in (None, 0)]
+        failed.sort(key=lambda w: w.process.returncode > 0)
+        return failed[0] if failed else None
 
     def _timed_out(self) -> bool:
         return self.timeout is not None and time.monotonic() - self._started > self.timeout
