@@ -195,3 +195,24 @@ def test_profile_steps_and_jit_compile_are_checked():
         config_lib.build_config("digits", overrides="runtime.jit_compile=maybe")
     assert config_lib.build_config("digits", overrides="runtime.jit_compile=false").runtime.jit_compile == "false"
     assert not backends.use_xla("auto")  # no GPU here: XLA stays off on CPUs
+
+
+@pytest.mark.parametrize("overrides", ["", "train.grad_accum_steps=2",
+                                       "runtime.mixed_precision=mixed_float16"])
+def test_the_train_step_is_traced_once(digits_dir, overrides):
+    """The optimizer's slots and the metrics' variables exist before the first step: created
+    by it instead, its tf.function traces twice (seconds on a large model)."""
+    from tftrain.data import reader
+    from tftrain.engine import backend_choice, prepare
+
+    config = _config(digits_dir, overrides)
+    try:
+        run = prepare.prepare(config, backend_choice.create(config), convert_data=False)
+        batch = next(iter(reader.load(digits_dir, "train", 8 * config.train.grad_accum_steps,
+                                      training=False)))
+        run.trainer.train_on_batch(*batch)
+        run.trainer.train_on_batch(*batch)
+        assert run.trainer.train_function.experimental_get_tracing_count() == 1
+        assert [m.name for m in run.trainer.metrics] == ["loss", "accuracy"]
+    finally:
+        keras.mixed_precision.set_global_policy("float32")

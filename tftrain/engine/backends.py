@@ -77,8 +77,24 @@ class Backend(Protocol):
 
 def input_shape(data: config_lib.DataConfig):
     """The shape of one example's inputs, from the first example of the evaluation split."""
+    return batch_spec(data)[0].shape[1:]
+
+
+def batch_spec(data: config_lib.DataConfig):
+    """`(inputs, labels)` TensorSpecs of a batch of the evaluation split."""
     return reader.load(data.dir, data.eval_split, 1, training=False,
-                       **foreign.load_kwargs(data)).element_spec[0].shape[1:]
+                       **foreign.load_kwargs(data)).element_spec[:2]
+
+
+def create_step_variables(trainer: keras.Model, model: keras.Model, labels) -> None:
+    """Creates the optimizer's slots and the compiled loss's and metrics' variables now, inside
+    the strategy's scope: created by the first step instead, they make its `tf.function` trace
+    twice (once to lift the variables out, once more without them), which costs seconds on a
+    large model. `labels` is a batch's labels' spec; `model` is the functional model inside
+    `trainer` (its outputs' shapes pick the metrics, as the first step's would)."""
+    trainer.optimizer.build(trainer.trainable_variables)
+    trainer.compiled_loss.build(model.output)
+    trainer.compiled_metrics.build(model.output, labels)
 
 
 def use_xla(jit_compile: str) -> bool:
@@ -127,6 +143,7 @@ def build_and_compile(config: config_lib.Config, manifest: dict, plan,
                                              plan.total_steps),
         loss=task.loss(), metrics=task.metrics(),
         steps_per_execution=config.train.steps_per_execution, **compile_kwargs)
+    create_step_variables(trainer, model, batch_spec(config.data)[1])
     return model, trainer
 
 
