@@ -83,3 +83,77 @@ def test_a_docs_command_names_real_flags_and_a_config_that_builds(page, command)
                                 values.get("params_override", ""))
     if name == "launch":  # the worker command after `--` is a command of its own
         assert args[args.index("--") + 1] in COMMANDS, f"{page}: {command}"
+
+
+# --- which of them run, and where -----------------------------------------------------------
+
+NOT_RUN_SECTION = "## Documented commands the suite does not run"
+AFTER_DEMO_KINDS = ("evaluate", "inspect", "report")  # read the demo's run and data: cheap
+
+
+def after_the_demo() -> list[str]:
+    """The docs' commands that only read `make demo`'s run (runs/demo) or its data (data/digits):
+    tests/test_documented_commands.py runs them, as written, after the demo recipe."""
+    return sorted({c for _, c in COMMANDS_IN_DOCS if c.split()[1] in AFTER_DEMO_KINDS
+                   and re.search(r"(^|[ =])(runs/demo|data/digits)\b", c)})
+
+
+def run_by_tests() -> set[str]:
+    """Commands the suite runs as written: config headers, README's examples, the demo recipe
+    and the docs' commands on the demo's run (all in tests/test_documented_commands.py)."""
+    from tests import test_documented_commands as documented
+
+    return ({c for _, c in documented.CONFIG_COMMANDS} | set(documented.demo_commands())
+            | {c for c, _ in documented.readme_examples()} | set(after_the_demo()))
+
+
+def without_defaults(command: str) -> str:
+    """`command` without the --flags it gives at their defaults (`tftrain prune
+    --target_sparsity=0.8` is `tftrain prune`) and, for `train`, without its --model_dir on
+    the local disk (where the run is written, not what it trains): the same run."""
+    args = shlex.split(command)
+    module = importlib.import_module(f"tftrain.cli.{args[1]}")
+    kept = args[:2]
+    for arg in args[2:]:
+        key, _, value = arg[2:].partition("=")
+        if args[1] == "train" and key == "model_dir" and "://" not in value:
+            continue
+        if arg.startswith("--") and value and key in flags.FLAGS \
+                and flags.FLAGS[key] in flags.FLAGS.get_key_flags_for_module(module) \
+                and flags.FLAGS[key].parser.parse(value) == flags.FLAGS[key].default:
+            continue
+        kept.append(arg)
+    return shlex.join(kept)
+
+
+def not_run() -> dict[str, str]:
+    """{command: why} from the table in docs/testing.md that lists the documented commands the
+    suite does not run."""
+    text = open(os.path.join(REPO, "docs", "testing.md"), encoding="utf-8").read()
+    section = text.split(NOT_RUN_SECTION, 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `(tftrain [^`]+)` \| (.+?) \|$", section, re.MULTILINE)
+    return dict(rows)
+
+
+def test_every_docs_command_is_run_by_a_test_or_listed_with_why():
+    ran = run_by_tests()
+    same_runs = {without_defaults(c) for c in ran}
+    listed = not_run()
+    unaccounted = sorted({c for _, c in COMMANDS_IN_DOCS if c not in ran
+                          and without_defaults(c) not in same_runs and c not in listed})
+    assert not unaccounted, "run these in a test or list them, with why, in docs/testing.md " \
+                            f"under {NOT_RUN_SECTION!r}:\n" + "\n".join(unaccounted)
+    shown = {c for _, c in COMMANDS_IN_DOCS}
+    assert not [c for c in listed if c not in shown], "listed but no longer in the docs"
+    assert not [c for c in listed if c in ran], "listed as not run, but a test runs it"
+    assert all(len(why.split()) >= 3 for why in listed.values()), listed
+
+
+def test_a_flag_at_its_default_is_the_same_run():
+    assert without_defaults("tftrain prune --model_dir=runs/demo --target_sparsity=0.8") == \
+        "tftrain prune --model_dir=runs/demo"
+    assert without_defaults("tftrain prune --model_dir=runs/demo --target_sparsity=0.5") == \
+        "tftrain prune --model_dir=runs/demo --target_sparsity=0.5"
+    assert without_defaults("tftrain train --config=text_lm --model_dir=runs/lm") == \
+        "tftrain train --config=text_lm"
+    assert without_defaults("tftrain train --model_dir=gs://b/r") == "tftrain train --model_dir=gs://b/r"

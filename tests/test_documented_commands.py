@@ -25,6 +25,7 @@ import pytest
 
 from tests import forked_cli
 from tests.conftest import REPO
+from tests.test_docs_commands import after_the_demo
 
 # A `train` command runs 2 steps of 1 epoch (then validates, tests and exports as written),
 # unless it sets its own train.steps; a `doctor` command times 10 steps per measurement instead
@@ -263,6 +264,16 @@ def test_make_demo_recipe_runs_as_written(tmp_path):
             printed = result.stdout.splitlines()
             for line in shown[:2]:  # the table's columns (its numbers vary from run to run)
                 assert line in printed, f"{command}: README shows {line!r}; it printed {printed}"
+    readme = {command for command, _ in readme_examples()}
+    for command in [c for c in after_the_demo() if c not in readme]:  # the docs' pages
+        result = run(command, tmp_path)
+        assert result.returncode == 0, f"{command}\n{result.stderr[-2000:]}"
+        if " evaluate " in f" {command} ":  # the export, or its int8 model: the demo's bar
+            accuracy = float(re.search(r"\baccuracy=(\d\.\d+)", result.stdout).group(1))
+            assert accuracy >= 0.95, f"{command}: {result.stdout}"
+        else:  # inspect: the demo's dataset, every split with its examples
+            assert all(re.search(rf"\b{split}\b.*\d", result.stdout)
+                       for split in ("train", "validation", "test")), result.stdout
 
 
 def chatter(output: str) -> list[str]:
