@@ -31,6 +31,20 @@ def wait_gone(pids, timeout: float = 30) -> bool:
     return not any(pid_alive(p) for p in pids)
 
 
+def group_gone(pgid: int, timeout: float = 30) -> bool:
+    """True once no process is left in process group `pgid` (waits up to `timeout` seconds): a
+    forked command runs in its own session, so what it started and left behind is there."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+
+
 class Running:
     """A forked tftrain process whose output is collected line by line in the background."""
 
