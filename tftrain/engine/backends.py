@@ -110,9 +110,12 @@ def use_xla(jit_compile: str) -> bool:
     return jit_compile == "true"
 
 
-def build_plain_model(config: config_lib.Config, manifest: dict, task) -> keras.Model:
-    """The model of `model.name` with `task`'s head, for the dataset of `manifest`."""
-    return models.build_model(config.model.name, config.model.params, input_shape(config.data),
+def build_plain_model(config: config_lib.Config, manifest: dict, task,
+                      spec=None) -> keras.Model:
+    """The model of `model.name` with `task`'s head, for the dataset of `manifest` (inputs
+    shaped as in `spec`, a `batch_spec`, read from the data when not given)."""
+    inputs = (spec or batch_spec(config.data))[0].shape[1:]
+    return models.build_model(config.model.name, config.model.params, inputs,
                               task.outputs(), dataset_info=manifest.get("info"))
 
 
@@ -136,14 +139,15 @@ def build_and_compile(config: config_lib.Config, manifest: dict, plan,
     """
     compile_kwargs.setdefault("jit_compile", use_xla(config.runtime.jit_compile))
     task = tasks.from_config(config, manifest)
-    model = build_plain_model(config, manifest, task)
+    spec = batch_spec(config.data)
+    model = build_plain_model(config, manifest, task, spec)
     trainer = grad_accum.wrap(model, config.train.grad_accum_steps)
     trainer.compile(
         optimizer=optimizers.make_optimizer(config.train, plan.schedule_epoch_steps,
                                              plan.total_steps),
         loss=task.loss(), metrics=task.metrics(),
         steps_per_execution=config.train.steps_per_execution, **compile_kwargs)
-    create_step_variables(trainer, model, batch_spec(config.data)[1])
+    create_step_variables(trainer, model, spec[1])
     return model, trainer
 
 
