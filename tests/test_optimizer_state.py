@@ -98,58 +98,89 @@ from tftrain.runtime import dtensor as dtensor_runtime, dtensor_layouts
 from tftrain.engine import run_memory
 from tftrain.data import reader
 
-data_dir, overrides = sys.argv[1], sys.argv[2]
-config = config_lib.build_config("digits_dtensor", {}, f"data.dir={data_dir},train.steps=3,"
-                                 "train.lr_schedule=constant," + overrides)
-mesh, dims = dtensor_runtime.create_mesh(config.runtime)
+data_dir, runs = sys.argv[1], json.loads(sys.argv[2])
+configs = [config_lib.build_config("digits_dtensor", {}, f"data.dir={data_dir},train.steps=3,"
+                                   "train.lr_schedule=constant," + overrides)
+           for overrides in runs]
+mesh, dims = dtensor_runtime.create_mesh(configs[0].runtime)  # every run's: batch:2,model:2
 import numpy as np, tensorflow as tf, tf_keras as keras
 from tensorflow.experimental import dtensor
 
 keras.backend.experimental.enable_tf_random_generator()
-keras.utils.set_random_seed(0)
-model = models.build_model("mlp", {"dropout": 0}, (8, 8, 1), 10)
-plan = dtensor_runtime.resolve_layouts(model, "mlp", {}, dims)
-sharded = dtensor_runtime.build_sharded(model, mesh, plan)
 x, y = next(iter(reader.load(data_dir, "train", 32, training=False)))
 loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-dataset = dtensor.DTensorDataset(
-    tf.data.Dataset.from_tensor_slices((x, y)).repeat(), mesh=mesh, global_batch_size=32,
-    batch_dim="batch", layouts=(dtensor.Layout.batch_sharded(mesh, "batch", 4),
-                                dtensor.Layout.batch_sharded(mesh, "batch", 1)))
-optimizer = dtensor_runtime.make_optimizer(config.train, steps.StepPlan(3, 1, 3), mesh,
-                                           shard_state=config.runtime.shard_optimizer_state)
-sharded.compile(optimizer=optimizer, loss=loss)
-model.compile(optimizer=optimizers.make_optimizer(config.train, 3, 3), loss=loss)
-sharded.fit(dataset, epochs=1, steps_per_epoch=3, verbose=0)
-for _ in range(3):
-    model.train_on_batch(x, y)  # the same steps on one device
-mesh_weights = dtensor_runtime.named_variables(sharded)
-diffs = {p: float(np.abs(dtensor_runtime.gather(mesh_weights[p]).numpy() - v.numpy()).max())
-         for p, v in dtensor_runtime.named_variables(model).items()}
-slots = {v.name: dtensor.fetch_layout(v).sharding_specs
-         for v in run_memory.optimizer_state(optimizer)}
-report = dtensor_layouts.memory_report(dtensor_runtime.weights_of(model), plan, dims,
-                                       config.train.optimizer,
-                                       config.runtime.shard_optimizer_state)
-print("RESULT " + json.dumps({"diffs": diffs, "slots": slots, "report": report,
-                              "measured": run_memory.measure(sharded, optimizer)}))
+results = {}
+# The three steps on one device are taken once per optimizer and compared with each of its
+# mesh runs: every run starts from the same seeded weights (checked) on the same batch.
+one_device = {}
+for overrides, config in zip(runs, configs):
+    assert config.runtime.mesh == configs[0].runtime.mesh, overrides
+    keras.backend.clear_session()  # each run's layers named as in a process of its own
+    keras.utils.set_random_seed(0)
+    model = models.build_model("mlp", {"dropout": 0}, (8, 8, 1), 10)
+    initial = [w.numpy() for w in model.weights]
+    reference = one_device.get(config.train.optimizer)
+    if reference is not None:
+        assert len(initial) == len(reference["initial"]) and all(
+            np.array_equal(a, b) for a, b in zip(initial, reference["initial"])), overrides
+    plan = dtensor_runtime.resolve_layouts(model, "mlp", {}, dims)
+    sharded = dtensor_runtime.build_sharded(model, mesh, plan)
+    dataset = dtensor.DTensorDataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).repeat(), mesh=mesh, global_batch_size=32,
+        batch_dim="batch", layouts=(dtensor.Layout.batch_sharded(mesh, "batch", 4),
+                                    dtensor.Layout.batch_sharded(mesh, "batch", 1)))
+    optimizer = dtensor_runtime.make_optimizer(config.train, steps.StepPlan(3, 1, 3), mesh,
+                                               shard_state=config.runtime.shard_optimizer_state)
+    sharded.compile(optimizer=optimizer, loss=loss)
+    sharded.fit(dataset, epochs=1, steps_per_epoch=3, verbose=0)
+    if reference is None:
+        model.compile(optimizer=optimizers.make_optimizer(config.train, 3, 3), loss=loss)
+        for _ in range(3):
+            model.train_on_batch(x, y)  # the same steps on one device
+        reference = one_device[config.train.optimizer] = {
+            "initial": initial, "trained": {p: v.numpy() for p, v in
+                                            dtensor_runtime.named_variables(model).items()}}
+    mesh_weights = dtensor_runtime.named_variables(sharded)
+    diffs = {p: float(np.abs(dtensor_runtime.gather(mesh_weights[p]).numpy() - v).max())
+             for p, v in reference["trained"].items()}
+    slots = {v.name: dtensor.fetch_layout(v).sharding_specs
+             for v in run_memory.optimizer_state(optimizer)}
+    report = dtensor_layouts.memory_report(dtensor_runtime.weights_of(model), plan, dims,
+                                           config.train.optimizer,
+                                           config.runtime.shard_optimizer_state)
+    results[overrides] = {"diffs": diffs, "slots": slots, "report": report,
+                          "measured": run_memory.measure(sharded, optimizer)}
+print("RESULT " + json.dumps(results))
 '''
 
+OPTIMIZERS = ["adafactor", "adam"]  # sgd: one slot, as adam's m
 
-def _mesh_steps(digits_dir, overrides: str) -> dict:
+
+def _runs(optimizer: str) -> tuple:
+    """The overrides of the plain and the sharded-state run of `optimizer`."""
+    return (f"train.optimizer={optimizer}",
+            f"train.optimizer={optimizer},runtime.shard_optimizer_state=true")
+
+
+@pytest.fixture(scope="module")
+def mesh_steps(digits_dir) -> dict:
+    """{overrides: what MESH_STEPS measured} for every run of OPTIMIZERS, all in one forked
+    process (one mesh, one set of virtual devices): each run builds its model from seed 0,
+    on the same batch, as a process of its own would."""
+    runs = [overrides for optimizer in OPTIMIZERS for overrides in _runs(optimizer)]
     env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    out = dtensor_forked.run_script(MESH_STEPS, [digits_dir, overrides], env=env, cwd=REPO,
-                                    timeout=TIMEOUT)
+    out = dtensor_forked.run_script(MESH_STEPS, [digits_dir, json.dumps(runs)], env=env,
+                                    cwd=REPO, timeout=TIMEOUT)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     assert out.returncode == 0 and lines, out.stderr[-3000:]
-    return json.loads(lines[0][len("RESULT "):])
+    results = json.loads(lines[0][len("RESULT "):])
+    assert sorted(results) == sorted(runs), results.keys()
+    return results
 
 
-@pytest.mark.parametrize("optimizer", ["adafactor", "adam"])  # sgd: one slot, as adam's m
-def test_sharded_optimizer_state_steps_as_one_device_does(digits_dir, optimizer):
-    plain = _mesh_steps(digits_dir, f"train.optimizer={optimizer}")
-    sharded = _mesh_steps(digits_dir, f"train.optimizer={optimizer},"
-                                      "runtime.shard_optimizer_state=true")
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_sharded_optimizer_state_steps_as_one_device_does(mesh_steps, optimizer):
+    plain, sharded = (mesh_steps[overrides] for overrides in _runs(optimizer))
     # Three steps on the mesh (slots whole per replica, or split over batch) = on one device.
     assert max(plain["diffs"].values()) < 1e-5, plain["diffs"]
     assert max(sharded["diffs"].values()) < 1e-5, sharded["diffs"]
