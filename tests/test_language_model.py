@@ -25,7 +25,7 @@ from tftrain.errors import DataError
 
 @pytest.fixture(scope="module")
 def lm_run(text_lm_run):
-    """The shipped config, trained for 2 of its 4 epochs (60 steps of 64 windows): the run
+    """The shipped config, trained for 60 steps of 64 windows (2 of its 4 epochs): the run
     tests/test_bits_per_byte.py asks questions of too (`tests/shared_runs.py`; read-only)."""
     return text_lm_run
 
