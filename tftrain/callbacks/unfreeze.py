@@ -35,6 +35,27 @@ def requested_by(model: keras.Model) -> list:
     return [Unfreeze(unfreeze.layers, unfreeze.at_epoch, unfreeze.lr_factor)]
 
 
+def variables_to_train(trainer: keras.Model, model: keras.Model) -> list:
+    """Every variable `trainer` will ever train: its trainable ones now, and those of the layers
+    that `model`'s (the model inside `trainer`) schedule unfreezes later. An optimizer creates
+    its slots once, for the variables it is built on."""
+    schedule = fine_tuning.schedule_of(model)
+    return _trainable_with(trainer, schedule.layers if schedule else [])
+
+
+def _trainable_with(trainer: keras.Model, layers) -> list:
+    """`trainer`'s trainable variables as if `layers` were trainable too (they are left as they
+    were)."""
+    flags = [layer.trainable for layer in layers]
+    for layer in layers:
+        layer.trainable = True
+    try:
+        return list(trainer.trainable_variables)
+    finally:
+        for layer, trainable in zip(layers, flags):
+            layer.trainable = trainable
+
+
 class Unfreeze(keras.callbacks.Callback):
     """Starts training `layers` at epoch `at_epoch`, with the rate multiplied by `lr_factor`.
 
@@ -60,10 +81,7 @@ class Unfreeze(keras.callbacks.Callback):
         optimizer = getattr(self.model.optimizer, "inner_optimizer", self.model.optimizer)
         if getattr(optimizer, "_built", False) or not hasattr(optimizer, "build"):
             return
-        flags = [layer.trainable for layer in self.layers]
-        self._set_trainable([True] * len(self.layers))  # every variable it will ever update
-        variables = list(self.model.trainable_variables)
-        self._set_trainable(flags)
+        variables = _trainable_with(self.model, self.layers)  # all it will ever update
         with self.model.distribute_strategy.scope():
             optimizer.build(variables)
 

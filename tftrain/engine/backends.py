@@ -23,6 +23,7 @@ from absl import logging
 
 from tftrain import config as config_lib
 from tftrain import models, tasks
+from tftrain.callbacks import unfreeze
 from tftrain.data import foreign, reader
 from tftrain.engine import determinism, grad_accum, precision
 from tftrain.training import optimizers
@@ -92,7 +93,7 @@ def create_step_variables(trainer: keras.Model, model: keras.Model, labels) -> N
     twice (once to lift the variables out, once more without them), which costs seconds on a
     large model. `labels` is a batch's labels' spec; `model` is the functional model inside
     `trainer` (its outputs' shapes pick the metrics, as the first step's would)."""
-    trainer.optimizer.build(trainer.trainable_variables)
+    trainer.optimizer.build(unfreeze.variables_to_train(trainer, model))
     trainer.compiled_loss.build(model.output)
     trainer.compiled_metrics.build(model.output, labels)
 
