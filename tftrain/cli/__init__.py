@@ -132,7 +132,9 @@ def _guarded(name: str, module):
             print(f"{PROG} {name}: interrupted", file=sys.stderr)
             return 130
         except Exception as e:  # noqa: BLE001  (a full disk or a damaged record: one line)
-            message = disk_full_message(name, e) if is_disk_full(e) else damaged_record_message(e)
+            message = (disk_full_message(name, e) if is_disk_full(e)
+                       else damaged_record_message(e) or content_error_message(e)
+                       or system_error_message(name, e))
             if message is None:
                 raise
             print(f"{PROG} {name}: error: {message}", file=sys.stderr)
@@ -168,6 +170,47 @@ def damaged_record_message(error: BaseException) -> str | None:
     """One line for a damaged TFRecord met while reading a dataset (`tftrain.data.reader`)."""
     reader = sys.modules.get("tftrain.data.reader")  # no dataset was read unless it is loaded
     return reader.damaged_record_message(error) if reader else None
+
+
+def content_error_message(error: BaseException) -> str | None:
+    """One line for a record the model cannot take (`tftrain.data.reader`)."""
+    reader = sys.modules.get("tftrain.data.reader")
+    return reader.content_error_message(error) if reader else None
+
+
+_TOO_LONG = "File name too long"
+_UNHEALTHY = re.compile(r"tasks are unhealthy|stopped sending heartbeats|"
+                        r"/job:worker/replica:0/task:(\d+)")
+
+
+def system_error_message(command: str, error: BaseException) -> str | None:
+    """One line for what the machine or the cluster refused while a command ran: a path too
+    long or not writable, memory exhausted, a peer worker lost; None for other errors."""
+    text = str(error).splitlines()[0] if str(error) else ""
+    path = getattr(error, "filename", None) or ""
+    kind = type(error).__name__
+    if (isinstance(error, OSError) and error.errno == errno.ENAMETOOLONG) or _TOO_LONG in str(error):
+        return (f"a path is too long for the file system{f': {path[:80]}...' if path else ''} "
+                "(a name over 255 bytes, or a path over 4096): choose a shorter --model_dir, "
+                "data.dir or --output")
+    if isinstance(error, PermissionError) or kind == "PermissionDeniedError":
+        where = path or text.split(";")[0]
+        return (f"permission denied: {where}. Write somewhere you may write (--model_dir, "
+                "--output), or fix the directory's permissions")
+    if kind == "ResourceExhaustedError" or isinstance(error, MemoryError):
+        return (f"out of memory while `{PROG} {command}` ran ({kind}): `{PROG} check "
+                "--config=... --target=...` plans the memory a run needs and suggests a change "
+                "that fits (a smaller data.batch_size, train.grad_accum_steps, "
+                "model.params.remat, runtime.mixed_precision)")
+    if kind in ("UnavailableError", "AbortedError", "CancelledError") and command == "train" \
+            and (_UNHEALTHY.search(str(error)) or "Collective" in str(error)):
+        peer = re.search(r"/job:worker/replica:0/task:(\d+)", str(error))
+        who = f"worker {peer.group(1)}" if peer else "a peer worker"
+        return (f"{who} stopped answering (lost or unhealthy: TensorFlow's coordination "
+                "service saw no heartbeat, or a collective failed). Training stopped at the last "
+                "backup; run the same command on every worker again to resume from it (`tftrain "
+                "launch --max_restarts=N` does this by itself)")
+    return None
 
 
 def disk_full_message(command: str, error: BaseException) -> str:

@@ -63,6 +63,60 @@ def damaged_record_message(error: BaseException) -> str | None:
             f"{found.group(2)} of one of its files, which cannot be read on; {how}.")
 
 
+_LABEL_OUT_OF_RANGE = re.compile(
+    r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)")
+_INDEX_OUT_OF_RANGE = re.compile(r"indices\[[\d,]+\] = (-?\d+) is not in \[0, (\d+)\)")
+_UNPARSABLE = re.compile(r"Could not parse example input|Data types don't match|"
+                         r"Can't parse serialized Example|Feature: \S+ \(data type: \w+\) is required")
+_FEATURE_KEY = re.compile(r"(?:Key|Feature): ([\w/.-]+)")
+
+
+def _tensorflow_message(error: BaseException) -> str | None:
+    """The text of TensorFlow's InvalidArgumentError `error`, also when TensorFlow could not
+    decode it (it quotes a record's bytes, which need not be UTF-8: Python then gets the
+    UnicodeDecodeError of decoding the message, and the message as its `object`)."""
+    if isinstance(error, tf.errors.InvalidArgumentError):
+        return str(error)
+    if isinstance(error, UnicodeDecodeError) and isinstance(error.object, bytes):
+        return error.object.decode("utf-8", errors="replace")
+    return None
+
+
+def content_error_message(error: BaseException) -> str | None:
+    """One line for a record whose content the model cannot take although its file is intact
+    (a label outside the classes, a token id outside the vocabulary, bytes that are not an
+    Example of the schema); None for other errors. TensorFlow does not say which record: the
+    line names the datasets read and `tftrain inspect --verify`, which does."""
+    text = _tensorflow_message(error)
+    if text is None:
+        return None
+    where = " or ".join(OPENED) or "the TFRecords read"
+    verify = " and ".join(f"`tftrain inspect --data={d} --verify`"
+                          for d, has_manifest in OPENED.items() if has_manifest)
+    find = f"{verify} lists the records that hold it" if verify else "find the records that hold it"
+    label = _LABEL_OUT_OF_RANGE.search(text)
+    if label:
+        value, classes = label.groups()
+        return (f"a label of {value} in {where} is outside the model's {classes} classes "
+                f"[0, {classes}): {find}; fix or drop them and convert again (labels are "
+                "class indices from 0)")
+    index = _INDEX_OUT_OF_RANGE.search(text)
+    if index:
+        value, size = index.groups()
+        return (f"an input id of {value} in {where} is outside the model's range [0, {size}) "
+                f"(a token id past the vocabulary, or a category past its count): {find}; "
+                "convert the data with the tokenizer the model was built for")
+    if _UNPARSABLE.search(text):
+        key = _FEATURE_KEY.search(text)
+        why = (f"its feature {key.group(1)} has another type or shape" if key
+               else "its bytes do not parse, or a feature has another type or shape")
+        return (f"a record in {where} is not a tf.train.Example of the dataset's schema ({why}): "
+                + find
+                + "; convert the data again with tftrain, or describe other tools' records in "
+                "data.info")
+    return None
+
+
 def parse_spec(features: dict) -> dict:
     """The `tf.io.parse_example` spec for a manifest's feature schema."""
     spec = {}

@@ -1,0 +1,140 @@
+"""Errors while a command runs end in one line (what, where, what to do) and a non-zero exit,
+never a traceback (#41): content that TensorFlow cannot take in files that are intact (valid
+checksums, a manifest whose sizes and sha256 match), and what the machine refuses."""
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import pytest
+
+from tests.test_damaged_datasets import digits_copy  # noqa: F401  (a fixture)
+
+LABEL = "image/class/label"
+
+
+def rewritten(dataset, split: str, index: int, change) -> None:
+    """Record `index` of `split`'s first shard replaced by `change(record bytes)`, written with
+    valid checksums, and the manifest's size and sha256 of that shard updated: damage that
+    framing checks cannot see."""
+    import tensorflow as tf
+
+    manifest_path = dataset / "dataset.json"
+    manifest = json.loads(manifest_path.read_text())
+    shard = manifest["splits"][split]["shards"][0]
+    path = dataset / shard["file"]
+    records = [r.numpy() for r in tf.data.TFRecordDataset(str(path))]
+    records[index] = change(records[index])
+    with tf.io.TFRecordWriter(str(path)) as writer:
+        for record in records:
+            writer.write(record)
+    data = path.read_bytes()
+    shard["bytes"], shard["sha256"] = len(data), hashlib.sha256(data).hexdigest()
+    manifest_path.write_text(json.dumps(manifest))
+
+
+def with_label(value: int):
+    def change(record: bytes) -> bytes:
+        import tensorflow as tf
+
+        example = tf.train.Example.FromString(record)
+        example.features.feature[LABEL].int64_list.value[:] = [value]
+        return example.SerializeToString()
+    return change
+
+
+def train_error(cli, capsys, data, model_dir) -> tuple[int, list[str]]:
+    code = cli("train", f"--model_dir={model_dir}", f"--params_override=data.dir={data},"
+               "train.epochs=1,train.steps_per_epoch=50")
+    return code, capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize("label", [999, -1])
+def test_a_label_outside_the_classes_is_one_line(label, digits_copy, tmp_path, cli, capsys):
+    rewritten(digits_copy, "train", 3, with_label(label))
+    code, err = train_error(cli, capsys, digits_copy, tmp_path / "run")
+    assert code == 1
+    assert err == [f"tftrain train: error: a label of {label} in {digits_copy} is outside the "
+                   "model's 10 classes [0, 10): `tftrain inspect "
+                   f"--data={digits_copy} --verify` lists the records that hold it; fix or drop "
+                   "them and convert again (labels are class indices from 0)"], err
+
+
+def test_bytes_that_are_not_an_example_are_one_line(digits_copy, tmp_path, cli, capsys):
+    rewritten(digits_copy, "train", 3, lambda record: b"\xff\xfe not an Example \x00" * 3)
+    code, err = train_error(cli, capsys, digits_copy, tmp_path / "run")
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith(f"tftrain train: error: a record in {digits_copy} is not a "
+                             "tf.train.Example of the dataset's schema"), err
+
+
+def test_a_model_dir_name_too_long_is_one_line(digits_dir, tmp_path, cli, capsys):
+    code, err = train_error(cli, capsys, digits_dir, tmp_path / ("r" * 300))
+    assert code == 1
+    assert len(err) == 1 and err[0].startswith(
+        "tftrain train: error: a path is too long for the file system"), err
+    assert "choose a shorter --model_dir" in err[0]
+
+
+def test_the_other_errors_are_named_by_kind():
+    """Memory and lost peers cannot be caused cheaply here: their lines, from the errors
+    TensorFlow raises (the messages as TF 2.21 words them)."""
+    import tensorflow as tf
+
+    from tftrain.cli import system_error_message
+
+    oom = tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+    assert system_error_message("train", oom).startswith("out of memory while `tftrain train` ran")
+    lost = tf.errors.UnavailableError(None, None, "The following tasks are unhealthy (stopped "
+                                      "sending heartbeats):\n/job:worker/replica:0/task:1")
+    line = system_error_message("train", lost)
+    assert line.startswith("worker 1 stopped answering") and "run the same command" in line
+    assert system_error_message("train", ValueError("File name")) is None
+
+
+def test_inspect_verify_on_bytes_that_are_not_an_example_is_one_line(digits_copy, cli, capsys):
+    rewritten(digits_copy, "train", 3, lambda record: b"\xff\xfe not an Example \x00" * 3)
+    assert cli("inspect", f"--data={digits_copy}", "--verify") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a tf.train.Example of the dataset's schema" in err[0], err
+
+
+def test_a_label_stored_as_a_float_is_one_line(digits_copy, tmp_path, cli, capsys):
+    def as_float(record: bytes) -> bytes:
+        import tensorflow as tf
+
+        example = tf.train.Example.FromString(record)
+        example.features.feature[LABEL].ClearField("int64_list")
+        example.features.feature[LABEL].float_list.value[:] = [3.0]
+        return example.SerializeToString()
+
+    rewritten(digits_copy, "train", 3, as_float)
+    code, err = train_error(cli, capsys, digits_copy, tmp_path / "run")
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith(f"tftrain train: error: a record in {digits_copy} is not a "
+                             "tf.train.Example of the dataset's schema (its feature "
+                             f"{LABEL} has another type or shape): `tftrain inspect"), err
+
+
+def test_a_token_id_past_the_vocabulary_is_one_line(text_dir, tmp_path, cli, capsys):
+    """In the validation split: the first epoch's validation reads every batch of it."""
+    def past_the_vocabulary(record: bytes) -> bytes:
+        import tensorflow as tf
+
+        example = tf.train.Example.FromString(record)
+        example.features.feature["tokens"].int64_list.value[5] = 5000
+        return example.SerializeToString()
+
+    data = tmp_path / "text"
+    shutil.copytree(text_dir, data)
+    rewritten(data, "validation", 3, past_the_vocabulary)
+    code = cli("train", "--config=text_lm", f"--model_dir={tmp_path / 'run'}",
+               f"--params_override=data.dir={data},train.epochs=1,train.steps_per_epoch=1,"
+               "model.params={width: 16, num_layers: 1, num_heads: 2, mlp_width: 32}")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1
+    assert err == [f"tftrain train: error: an input id of 5000 in {data} is outside the model's "
+                   "range [0, 105) (a token id past the vocabulary, or a category past its "
+                   f"count): `tftrain inspect --data={data} --verify` lists the records that "
+                   "hold it; convert the data with the tokenizer the model was built for"], err
