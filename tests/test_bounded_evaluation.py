@@ -38,12 +38,14 @@ def test_the_summary_records_model_flops_utilization(bounded_run, digits_dir):
     """MFU = the model's training FLOPs per example x examples/s over this host's measured
     matmul peak (the devices share it on a CPU)."""
     from tftrain import config as config_lib
-    from tftrain import models
+    from tftrain import models, tasks
     from tftrain.models import flops
 
     run, _ = bounded_run
     summary = json.loads((run / "summary.json").read_text())
     config = config_lib.build_config("digits", overrides=f"data.dir={digits_dir}")
+    with open(f"{digits_dir}/dataset.json") as f:
+        config, _ = tasks.resolve(config, json.load(f))  # model.name=auto: the run's cnn
     model = models.build_model(config.model.name, config.model.params, (8, 8, 1), 10)
     assert summary["model_flops_per_example"] == flops.training_flops_per_example(model) > 0
     assert summary["achieved_flops_per_second"] == pytest.approx(

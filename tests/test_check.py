@@ -282,7 +282,7 @@ def test_memory_fails_a_large_model_with_a_large_batch_on_v2():
 
 
 def test_memory_passes_the_digits_cnn_on_v5e():
-    config = _config("runtime.mixed_precision=mixed_bfloat16")
+    config = _config("model.name=cnn,runtime.mixed_precision=mixed_bfloat16")
     found, shapes = _plan(config, TPU_VM)
     finding = memory.check(found, shapes)
     assert finding.status == OK and finding.what.startswith("fits: ~")

@@ -9,7 +9,7 @@ from tftrain.errors import ConfigError
 def test_shipped_config_and_override_order(tmp_path):
     config = config_lib.build_config("digits", {"runtime.strategy": "mirrored"},
                                      "train.epochs=3,data.batch_size=64,runtime.strategy=one_device")
-    assert config.model.name == "cnn"  # from configs/digits.yaml
+    assert config.model.name == "auto"  # from configs/digits.yaml (the default is cnn)
     assert config.data.batch_size == 64 and config.train.epochs == 3  # overrides
     assert config.runtime.strategy == "one_device"  # the override is applied after the flag
     flag_only = config_lib.build_config("digits", {"runtime.strategy": "mirrored"}, "")
@@ -48,7 +48,9 @@ def test_yaml_file_path_and_nested_override(tmp_path):
     ("runtime.strategy=mirorred", "runtime.strategy='mirorred' is not one of"),
     ("train.epochs=0", "train.epochs must be > 0, got 0"),
     ("model.name=cnnn", "unknown model 'cnnn' (did you mean 'cnn'?)"),
-    ("model.params={filter: [1]}", "model 'cnn' has no parameter model.params.filter; did you mean filters"),
+    ("model.params={filter: [1]}", "no model takes model.params.filter; did you mean filters"),
+    ("model.name=cnn,model.params={filter: [1]}",
+     "model 'cnn' has no parameter model.params.filter; did you mean filters"),
     ("runtime.strategy=tpu", "needs runtime.tpu"),
     ("epochs", "bad override 'epochs'"),
 ])

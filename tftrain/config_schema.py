@@ -343,9 +343,12 @@ KEY_DOCS = {
                  "classification, floats regression, token windows language_model.",
     "task.loss": "`auto` is the task's default: `crossentropy` (classification, "
                  "language_model), `mse` (regression; also `mae`, `huber`).",
-    "model.name": "A registered model (`mlp`, `cnn`, `resnet`, `transformer`, `transformer_lm`, "
-                  "`application`) or your own `package.module:function(input_shape, outputs, "
-                  "**params)`.",
+    "model.name": "`auto` (the model that fits the dataset: images `cnn`, tabular features "
+                  "`mlp`, token windows for language modeling `transformer_lm`, other token "
+                  "sequences `transformer`; model.params it does not take are left out, in the "
+                  "log), a registered model (`mlp`, `cnn`, `resnet`, `transformer`, "
+                  "`transformer_lm`, `application`) or your own "
+                  "`package.module:function(input_shape, outputs, **params)`.",
     "model.params": "The builder's keyword arguments, checked against its signature; "
                     "`model.params.remat=true` sets one and keeps the others, "
                     "`model.params={...}` replaces them all.",

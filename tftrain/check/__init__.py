@@ -65,6 +65,7 @@ def _model_checks(config, target: Target, report: Report, gpu_type: str = "") ->
     from tftrain.check import memory, xla
     from tftrain.engine import backends, prepare
 
+    config = _resolved(config)  # model.name=auto: the model the data picks, as train's
     policy = precision.policy_for(config, target)
     compiled, how = xla.uses_xla(config, target)
     try:
@@ -105,6 +106,14 @@ def _model_checks(config, target: Target, report: Report, gpu_type: str = "") ->
         return findings + xla.check(run_.trainer, run_.model, train_batch, eval_batch, how, policy)
     finally:
         keras.mixed_precision.set_global_policy(previous)
+
+
+def _resolved(config):
+    """`config` resolved on its dataset (`tasks.resolve`), as `train` resolves it."""
+    from tftrain import tasks
+    from tftrain.engine import prepare
+
+    return tasks.resolve(config, prepare.ensure_dataset(config.data, True, convert=False))[0]
 
 
 def _shapes(config):

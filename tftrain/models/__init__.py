@@ -1,6 +1,6 @@
 """The model registry: `mlp`, `cnn`, `resnet`, `transformer`, `transformer_lm` (see
 `models.transformer`), `application` (tf_keras.applications backbones, `models.applications`),
-or a user's `package.module:function`.
+or a user's `package.module:function`; `auto` picks one by the dataset's kind (`choose`).
 
 A builder gets what the dataset says: `input_shape`, and either `outputs` (a `OutputSpec` from
 the task: how many values the last layer gives and what they are; `outputs.head(x)` builds that
@@ -118,18 +118,60 @@ def get_builder(name: str) -> Callable:
                       "or give your own as package.module:function")
 
 
-def check_model(name: str, params: dict) -> None:
-    """Checks that the model exists and accepts `params`, without building it."""
-    builder = get_builder(name)
-    signature = inspect.signature(builder)
+AUTO = "auto"  # model.name: the model that fits the dataset's kind (`choose`)
+
+
+def choose(manifest: dict, task_type: str) -> tuple[str, str]:
+    """The model `model.name: auto` takes for a dataset (from its manifest), and the kind of
+    data that made the choice: token ids -> transformer_lm (language modeling) or transformer,
+    images -> cnn, anything else (tabular features) -> mlp."""
+    info = manifest.get("info") or {}
+    if "vocab_size" in info:
+        if task_type == "language_model":
+            return "transformer_lm", "windows of token ids"
+        return "transformer", "sequences of token ids"
+    if any(name.startswith("image/") for name in manifest.get("features") or {}):
+        return "cnn", "images"
+    return "mlp", "tabular features"
+
+
+def taken_params(name: str, params: dict) -> tuple[dict, list[str]]:
+    """`params` split into those model `name` takes and the names of those it does not."""
+    allowed, accepts_any = _parameters(name)
+    kept = {k: v for k, v in params.items() if accepts_any or k in allowed}
+    return kept, [k for k in params if k not in kept]
+
+
+def _parameters(name: str) -> tuple[list[str], bool]:
+    """The parameters model `name` takes in model.params, and whether it takes any (**kwargs)."""
+    signature = inspect.signature(get_builder(name))
     accepts_any = any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values())
-    allowed = [p for p in signature.parameters if p not in DATASET_ARGUMENTS]
+    return [p for p in signature.parameters if p not in DATASET_ARGUMENTS], accepts_any
+
+
+def check_model(name: str, params: dict) -> None:
+    """Checks that the model exists and accepts `params`, without building it (`auto`: once
+    the dataset has chosen the model)."""
+    if name == AUTO:  # a key no registered model takes is a typo, not another model's
+        taken = sorted({p for model in REGISTRY for p in _parameters(model)[0]})
+        for key in params:
+            if key not in taken:
+                close = difflib.get_close_matches(key, taken, n=2)
+                hint = f"; did you mean {' or '.join(close)}?" if close else ""
+                raise ConfigError(f"no model takes model.params.{key}{hint} (model.name=auto "
+                                  "uses those of the model it picks)")
+        return
+    allowed, accepts_any = _parameters(name)
     for key in params:
         if key not in allowed and not accepts_any:
             close = difflib.get_close_matches(key, allowed, n=2)
             hint = f"; did you mean {' or '.join(close)}?" if close else ""
             raise ConfigError(f"model {name!r} has no parameter model.params.{key}{hint} "
-                              f"(it takes: {', '.join(allowed) or 'none'})")
+                              f"(it takes: {', '.join(allowed) or 'none'}). model.params "
+                              "comes from the config file and --params_override: after "
+                              "changing model.name, give that model's, or none with "
+                              "--params_override='model.params={}' (model.name=auto leaves "
+                              "out another model's)")
 
 
 # Past this many outputs (classes), the model's size is measured before it is built: a dataset

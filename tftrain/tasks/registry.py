@@ -20,6 +20,7 @@ import dataclasses
 
 from absl import logging
 
+from tftrain import models
 from tftrain.errors import ConfigError, DataError
 from tftrain.tasks.classification import ClassificationTask
 from tftrain.tasks.language_model import LanguageModelTask
@@ -150,10 +151,24 @@ def num_classes(manifest: dict, data) -> int:
 
 
 def resolve(config, manifest: dict):
-    """`(config, task)`: a copy of `config` with `task.type`, `task.loss` and `train.monitor`
-    resolved (what params.yaml and summary.json record), and the task itself."""
+    """`(config, task)`: a copy of `config` with `task.type`, `task.loss`, `train.monitor` and
+    `model.name: auto` resolved (what params.yaml and summary.json record), and the task."""
     task = from_config(config, manifest)
     resolved = dataclasses.replace(
         config, task=dataclasses.replace(config.task, **task.resolved()),
-        train=dataclasses.replace(config.train, monitor=task.monitor(config.train.monitor)))
+        train=dataclasses.replace(config.train, monitor=task.monitor(config.train.monitor)),
+        model=_resolved_model(config.model, manifest, task.resolved()["type"]))
     return resolved, task
+
+
+def _resolved_model(model, manifest: dict, task_type: str):
+    """`model` with `auto` replaced by the model that fits the dataset; the config's
+    model.params that this model does not take (another model's) are left out, in the log."""
+    if model.name != models.AUTO:
+        return model
+    name, kind = models.choose(manifest, task_type)
+    params, dropped = models.taken_params(name, model.params)
+    logging.info("model.name=auto: %s, for %s%s", name, kind,
+                 f"; left out model.params {', '.join(dropped)} (another model's)"
+                 if dropped else "")
+    return dataclasses.replace(model, name=name, params=params)
