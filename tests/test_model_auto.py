@@ -72,3 +72,14 @@ def test_the_default_config_keeps_its_cnn_on_digits(digits_dir):
 def test_an_explicit_model_keeps_its_params_checked():
     with pytest.raises(Exception, match="has no parameter model.params.filters"):
         config_lib.build_config("digits", overrides="model.name=mlp")
+
+
+def test_an_explicit_model_that_cannot_take_the_data_is_refused_in_one_line(wine_dir, tmp_path,
+                                                                           cli, capsys):
+    assert cli("train", f"--model_dir={tmp_path / 'run'}",
+               f"--params_override=data.dir={wine_dir},model.name=cnn,model.params={{}}") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["tftrain train: error: model.name=cnn cannot take this dataset's inputs (one "
+                   "example: shape (13,)); models that can: mlp. Set model.name=auto to take "
+                   "the one that fits, or one of those"], err
+    assert not (tmp_path / "run" / "export").exists()

@@ -65,7 +65,7 @@ def test_config_errors_are_clear():
     with pytest.raises(ConfigError, match="has no parameter model.params.hidden_units"):
         models.check_model("transformer_lm", {"hidden_units": [8]})
     models.check_model("transformer", {"width": 32, "num_heads": 4})
-    with pytest.raises(ConfigError, match=r"reads token ids .* the shape \(8, 8, 1\)"):
+    with pytest.raises(ConfigError, match=r"model.name=transformer_lm cannot take this dataset's inputs \(one example: shape \(8, 8, 1\)\); models that can: mlp, cnn, resnet, application\."):
         models.build_model("transformer_lm", {}, (8, 8, 1), OutputSpec(10), dataset_info={})
     with pytest.raises(ConfigError, match="needs a text dataset with vocab_size"):
         models.build_model("transformer", {}, (8,), OutputSpec(10), dataset_info={})

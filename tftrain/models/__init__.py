@@ -135,6 +135,32 @@ def choose(manifest: dict, task_type: str) -> tuple[str, str]:
     return "mlp", "tabular features"
 
 
+IMAGE_MODELS = ("cnn", "resnet", "application")  # (height, width, channels) inputs
+TOKEN_MODELS = ("transformer", "transformer_lm")  # (sequence length,) token ids
+
+
+def takes_input(name: str, input_shape) -> bool:
+    """Whether registered model `name` can take a dataset's inputs of `input_shape`."""
+    if name in IMAGE_MODELS:
+        return len(input_shape) == 3
+    if name in TOKEN_MODELS:  # (their builders say what they need of the dataset's info)
+        return len(input_shape) == 1
+    return True
+
+
+def check_input(name: str, input_shape, dataset_info: dict | None) -> None:
+    """Refuses, before building, a registered model that cannot take the dataset's inputs,
+    naming those that can (a user's own builder is trusted)."""
+    if name not in REGISTRY or takes_input(name, input_shape):
+        return
+    tokens = "vocab_size" in (dataset_info or {})  # a dataset of token ids names its vocabulary
+    fits = [model for model in REGISTRY if takes_input(model, input_shape)
+            and (tokens or model not in TOKEN_MODELS)]
+    raise ConfigError(f"model.name={name} cannot take this dataset's inputs (one example: "
+                      f"shape {tuple(input_shape)}); models that can: {', '.join(fits)}. Set "
+                      "model.name=auto to take the one that fits, or one of those")
+
+
 def taken_params(name: str, params: dict) -> tuple[dict, list[str]]:
     """`params` split into those model `name` takes and the names of those it does not."""
     allowed, accepts_any = _parameters(name)
@@ -213,6 +239,7 @@ def build_model(name: str, params: dict, input_shape, outputs: OutputSpec | int,
     tftrain.require_tf_keras()
     import tf_keras as keras
 
+    check_input(name, input_shape, dataset_info)
     spec = as_output_spec(outputs)
     builder = get_builder(name)
     parameters = inspect.signature(builder).parameters
