@@ -1,5 +1,6 @@
-"""Memory at scale: peak memory of `tftrain convert` and of a training run at three corpus sizes,
-for every kind of raw data (jsonl, text, csv, numpy, image folders).
+"""Memory at scale: peak memory of `tftrain convert`, `tftrain inspect --verify` (every record
+parsed and its content checked) and a training run at three corpus sizes, for every kind of raw
+data (jsonl, text, csv, numpy, image folders).
 
     .venv/bin/python bench/big_data.py [--sizes_mb=32,128,512] [--kinds=jsonl,text,csv,numpy,images]
                                        [--workdir=/tmp/tftrain-bench-big]
@@ -270,6 +271,7 @@ def measure(kind: str, source: str, work: str, size_mb: int) -> dict:
          f"--output={out}", "--workers=2"])
     with open(os.path.join(out, "dataset.json")) as f:
         examples = sum(s["num_examples"] for s in json.load(f)["splits"].values())
+    verify_s, verify_mb = run_measured([TFTRAIN, "inspect", f"--data={out}", "--verify"])
     config, overrides = TRAINING[kind]
     run = os.path.join(work, "out", "run")
     train_s, train_mb = run_measured(
@@ -278,7 +280,8 @@ def measure(kind: str, source: str, work: str, size_mb: int) -> dict:
          + (f",{overrides}" if overrides else "")])
     shutil.rmtree(os.path.join(work, "out"), ignore_errors=True)
     return {"examples": examples, "convert_s": convert_s, "convert_mb": convert_mb,
-            "train_s": train_s, "train_mb": train_mb}
+            "verify_s": verify_s, "verify_mb": verify_mb, "train_s": train_s,
+            "train_mb": train_mb}
 
 
 def main() -> None:
@@ -306,21 +309,26 @@ def main() -> None:
             print(f"  {kind} {size} MB ...", end=" ", flush=True)
             results[size] = measure(kind, source, work, size)
             r = results[size]
-            print(f"convert {r['convert_s']:.0f}s {r['convert_mb']:.0f} MB, train "
+            print(f"convert {r['convert_s']:.0f}s {r['convert_mb']:.0f} MB, verify "
+                  f"{r['verify_s']:.0f}s {r['verify_mb']:.0f} MB, train "
                   f"{r['train_s']:.0f}s {r['train_mb']:.0f} MB", flush=True)
             rows.append([kind, f"{size:,}", f"{r['examples']:,}", f"{r['convert_mb']:,.0f}",
-                         f"{r['train_mb']:,.0f}", f"{r['convert_s']:.0f}", f"{r['train_s']:.0f}"])
+                         f"{r['verify_mb']:,.0f}", f"{r['train_mb']:,.0f}",
+                         f"{r['convert_s']:.0f}", f"{r['examples'] / r['verify_s']:,.0f}",
+                         f"{r['train_s']:.0f}"])
         small, large = results[sizes[0]], results[sizes[-1]]
         ratios.append([kind, f"{sizes[-1] // sizes[0]}x",
                        f"{large['convert_mb'] / small['convert_mb']:.2f}x",
+                       f"{large['verify_mb'] / small['verify_mb']:.2f}x",
                        f"{large['train_mb'] / small['train_mb']:.2f}x"])
     print()
     print(markdown_table(["data", "MB of source", "examples", "convert peak MB",
-                          "train peak MB", "convert s", "train s"], rows,
-                         ["l", "r", "r", "r", "r", "r", "r"]))
+                          "inspect --verify peak MB", "train peak MB", "convert s",
+                          "verify records/s", "train s"], rows,
+                         ["l", "r", "r", "r", "r", "r", "r", "r", "r"]))
     print()
-    print(markdown_table(["data", "size, largest/smallest", "convert memory", "train memory"],
-                         ratios, ["l", "r", "r", "r"]))
+    print(markdown_table(["data", "size, largest/smallest", "convert memory", "verify memory",
+                          "train memory"], ratios, ["l", "r", "r", "r", "r"]))
     load = os.getloadavg()
     print(f"\nload average {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}")
 

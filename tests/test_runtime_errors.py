@@ -50,6 +50,15 @@ def train_error(cli, capsys, data, model_dir) -> tuple[int, list[str]]:
     return code, capsys.readouterr().err.strip().splitlines()
 
 
+def past_the_vocabulary(record: bytes) -> bytes:
+    """A text record whose sixth token id is 5000 (the embedded text's vocabulary has 105)."""
+    import tensorflow as tf
+
+    example = tf.train.Example.FromString(record)
+    example.features.feature["tokens"].int64_list.value[5] = 5000
+    return example.SerializeToString()
+
+
 @pytest.mark.parametrize("label", [999, -1])
 def test_a_label_outside_the_classes_is_one_line(label, digits_copy, tmp_path, cli, capsys):
     rewritten(digits_copy, "train", 3, with_label(label))
@@ -97,7 +106,8 @@ def test_inspect_verify_on_bytes_that_are_not_an_example_is_one_line(digits_copy
     rewritten(digits_copy, "train", 3, lambda record: b"\xff\xfe not an Example \x00" * 3)
     assert cli("inspect", f"--data={digits_copy}", "--verify") == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "is not a tf.train.Example of the dataset's schema" in err[0], err
+    assert len(err) == 1 and (f"{first_shard(digits_copy, 'train')}, record 3: does not parse "
+                              "against the schema: not a tf.train.Example") in err[0], err
 
 
 def test_a_label_stored_as_a_float_is_one_line(digits_copy, tmp_path, cli, capsys):
@@ -119,13 +129,6 @@ def test_a_label_stored_as_a_float_is_one_line(digits_copy, tmp_path, cli, capsy
 
 def test_a_token_id_past_the_vocabulary_is_one_line(text_dir, tmp_path, cli, capsys):
     """In the validation split: the first epoch's validation reads every batch of it."""
-    def past_the_vocabulary(record: bytes) -> bytes:
-        import tensorflow as tf
-
-        example = tf.train.Example.FromString(record)
-        example.features.feature["tokens"].int64_list.value[5] = 5000
-        return example.SerializeToString()
-
     data = tmp_path / "text"
     shutil.copytree(text_dir, data)
     rewritten(data, "validation", 3, past_the_vocabulary)
@@ -138,3 +141,49 @@ def test_a_token_id_past_the_vocabulary_is_one_line(text_dir, tmp_path, cli, cap
                    "range [0, 105) (a token id past the vocabulary, or a category past its "
                    f"count): `tftrain inspect --data={data} --verify` lists the records that "
                    "hold it; convert the data with the tokenizer the model was built for"], err
+
+
+# --- inspect --verify checks content, not only frames ----------------------------------------
+
+def first_shard(dataset, split: str) -> str:
+    return json.loads((dataset / "dataset.json").read_text())["splits"][split]["shards"][0]["file"]
+
+
+def verify_error(cli, capsys, dataset) -> str:
+    assert cli("inspect", f"--data={dataset}", "--verify") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"tftrain inspect: error: dataset {dataset} is "
+                                               "damaged: "), err
+    return err[0]
+
+
+@pytest.mark.parametrize("label", [999, -1])
+def test_verify_names_the_record_of_a_label_outside_the_classes(label, digits_copy, cli, capsys):
+    rewritten(digits_copy, "train", 3, with_label(label))
+    assert (f"{first_shard(digits_copy, 'train')}, record 3: label {LABEL}={label} is outside "
+            "the 10 classes [0, 10)") in verify_error(cli, capsys, digits_copy)
+
+
+def test_verify_compares_the_records_labels_with_the_manifests_counts(digits_copy, cli, capsys):
+    import tensorflow as tf
+
+    shard = digits_copy / first_shard(digits_copy, "train")
+    record = next(iter(tf.data.TFRecordDataset(str(shard)).skip(3))).numpy()
+    old = tf.train.Example.FromString(record).features.feature[LABEL].int64_list.value[0]
+    new = (old + 1) % 10
+    rewritten(digits_copy, "train", 3, with_label(new))  # a valid class, another count
+    counts = json.loads((digits_copy / "dataset.json").read_text())["splits"]["train"][
+        "label_counts"]
+    first = min(old, new)
+    now = counts[str(first)] + (1 if first == new else -1)
+    assert (f"split train: label {first}: {now:,} records, the manifest's label_counts say "
+            f"{counts[str(first)]:,}") in verify_error(cli, capsys, digits_copy)
+
+
+def test_verify_names_the_record_of_a_token_id_past_the_vocabulary(text_dir, tmp_path, cli,
+                                                                   capsys):
+    data = tmp_path / "text"
+    shutil.copytree(text_dir, data)
+    rewritten(data, "validation", 3, past_the_vocabulary)
+    assert (f"{first_shard(data, 'validation')}, record 3: token id 5000 in tokens is outside "
+            "the vocabulary [0, 105)") in verify_error(cli, capsys, data)

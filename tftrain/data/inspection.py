@@ -4,7 +4,10 @@
 without them, the label feature alone is read). `verify` checks, for every shard: that it
 exists, its size and sha256, that every record's CRCs are intact (TFRecord framing is
 `len | crc(len) | data | crc(data)`; `TFRecordDataset` raises DataLossError on damage), that each
-record parses against the schema, and that the record count matches the manifest.
+record parses against the schema, that its content is what the model can take (`ContentRules`:
+class labels in [0, num_classes), token ids below vocab_size, real-valued labels finite; then
+each split's label counts against the manifest's), and that the record count matches the
+manifest. It streams: batches of BATCH records per shard, a few shards at a time.
 """
 from __future__ import annotations
 
@@ -12,8 +15,11 @@ import concurrent.futures
 import dataclasses
 import posixpath
 import re
+import time
 
+import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from tftrain.data import dataset_files
 from tftrain.data import manifest as manifest_lib
@@ -25,6 +31,8 @@ from tftrain.fileio import file_sha256, join
 
 BATCH = 1024
 MAX_LABEL_LINES = 40
+MAX_CONTENT_PROBLEMS = 10  # per shard: the first ones say what is wrong
+PROGRESS_SECONDS = 10  # a long verify logs how far it is at most this often
 
 
 @dataclasses.dataclass
@@ -151,11 +159,75 @@ def _label_table(data_dir: str, manifest: dict) -> list[str]:
     return lines
 
 
-def verify_shard(path: str, shard: dict, spec: dict) -> list[Problem]:
-    """Checks one shard's presence, size, sha256, record CRCs, parsing and count."""
+@dataclasses.dataclass
+class ContentRules:
+    """What the records' values must satisfy, from the manifest: class labels in
+    [0, num_classes), token ids below vocab_size, real-valued labels finite."""
+
+    label: str | None = None
+    num_classes: int | None = None
+    vocab_size: int | None = None
+    token_features: tuple = ()
+
+    @classmethod
+    def of(cls, manifest: dict) -> "ContentRules":
+        info = manifest.get("info") or {}
+        features = manifest["features"]
+        key = manifest.get("label_key") or label_key(features, info)
+        classes = info.get("num_classes")
+        vocab = info.get("vocab_size")
+        tokens = tuple(name for name, f in features.items()
+                       if vocab and name != key and f["dtype"] == "int64")
+        return cls(key if key in features else None,
+                   classes if isinstance(classes, int) and classes > 0 else None,
+                   vocab if isinstance(vocab, int) and vocab > 0 else None, tokens)
+
+    def problems(self, name: str, parsed: dict, start: int) -> tuple[list[Problem], dict]:
+        """The content problems of one parsed batch (the first record of each kind), and the
+        batch's label counts (class labels only)."""
+        found, counts = [], {}
+        label = parsed.get(self.label) if self.label else None
+        if label is not None and not isinstance(label, tf.RaggedTensor):
+            values = label.numpy().reshape(len(label.numpy()), -1)[:, 0]
+            if label.dtype.is_floating:
+                bad = ~np.isfinite(values)
+                if bad.any():
+                    found.append(Problem(name, f"label {self.label} is {values[bad][0]}, not a "
+                                         "finite number", start + int(np.argmax(bad))))
+            elif self.num_classes:
+                bad = (values < 0) | (values >= self.num_classes)
+                if bad.any():
+                    found.append(Problem(name, f"label {self.label}={int(values[bad][0])} is "
+                                         f"outside the {self.num_classes} classes [0, "
+                                         f"{self.num_classes})", start + int(np.argmax(bad))))
+                labels, numbers = np.unique(values, return_counts=True)
+                counts = {str(int(k)): int(n) for k, n in zip(labels, numbers)}
+        for feature in self.token_features:
+            ids = parsed[feature]
+            outside = (ids < 0) | (ids >= self.vocab_size)
+            rows = tf.reduce_any(tf.reshape(outside, [tf.shape(outside)[0], -1])
+                                 if not isinstance(outside, tf.RaggedTensor)
+                                 else outside, axis=1).numpy()
+            if rows.any():
+                flat = ids.flat_values if isinstance(ids, tf.RaggedTensor) else tf.reshape(ids, [-1])
+                bad = outside.flat_values if isinstance(outside, tf.RaggedTensor) \
+                    else tf.reshape(outside, [-1])
+                value = int(tf.boolean_mask(flat, bad)[0])
+                found.append(Problem(name, f"token id {value} in {feature} is outside the "
+                                     f"vocabulary [0, {self.vocab_size})",
+                                     start + int(np.argmax(rows))))
+        return found, counts
+
+
+def verify_shard(path: str, shard: dict, spec: dict,
+                 rules: ContentRules | None = None) -> tuple[list[Problem], dict]:
+    """Checks one shard's presence, size, sha256, record CRCs, parsing, content and count;
+    returns the problems and the shard's label counts."""
     name = shard["file"]
+    rules = rules or ContentRules()
+    counts: dict = {}
     if not tf.io.gfile.exists(path):
-        return [Problem(name, "the file is missing")]
+        return [Problem(name, "the file is missing")], counts
     problems = []
     size = tf.io.gfile.stat(path).length
     if size != shard["bytes"]:
@@ -163,7 +235,7 @@ def verify_shard(path: str, shard: dict, spec: dict) -> list[Problem]:
     try:  # before TensorFlow opens it: a link out, a FIFO, a lying length header
         dataset_files.check(path, posixpath.dirname(path))
     except DamagedFile as e:
-        return problems + [Problem(name, e.what, e.record)]
+        return problems + [Problem(name, e.what, e.record)], counts
     if file_sha256(path) != shard["sha256"]:
         problems.append(Problem(name, "sha256 differs from the manifest (the file was changed)"))
     count = 0
@@ -177,11 +249,16 @@ def verify_shard(path: str, shard: dict, spec: dict) -> list[Problem]:
             index, message = _find_corrupt_record(path, count)
             problems.append(Problem(name, f"corrupt record ({message}); it and the records "
                                     "after it cannot be read", index))
-            return problems
+            return problems, counts
         try:
-            tf.io.parse_example(batch, spec)
-        except tf.errors.InvalidArgumentError:
+            parsed = tf.io.parse_example(batch, spec)
+        except (tf.errors.InvalidArgumentError, UnicodeDecodeError):
             problems.append(_find_unparsable_record(name, batch, spec, count))
+        else:
+            found, batch_counts = rules.problems(name, parsed, count)
+            problems.extend(found[:max(0, MAX_CONTENT_PROBLEMS - len(problems))])
+            for label, number in batch_counts.items():
+                counts[label] = counts.get(label, 0) + number
         count += int(batch.shape[0])
     if count < shard["num_examples"] and size < shard["bytes"]:
         # A cut inside a record header reads as a clean end of file: name where it ends.
@@ -189,7 +266,7 @@ def verify_shard(path: str, shard: dict, spec: dict) -> list[Problem]:
                                 f"{shard['num_examples']:,} records", count))
     elif count != shard["num_examples"]:
         problems.append(Problem(name, f"{count:,} records, the manifest says {shard['num_examples']:,}"))
-    return problems
+    return problems, counts
 
 
 def _find_corrupt_record(path: str, start: int) -> tuple[int, str]:
@@ -213,6 +290,9 @@ def _find_unparsable_record(name: str, batch, spec: dict, start: int) -> Problem
     for offset, record in enumerate(batch):
         try:
             tf.io.parse_single_example(record, spec)
+        except UnicodeDecodeError:  # TensorFlow's message quoted the record's bytes
+            return Problem(name, "does not parse against the schema: not a tf.train.Example",
+                           start + offset)
         except tf.errors.InvalidArgumentError as e:
             message = _op_message(e)
             return Problem(name, f"does not parse against the schema: {message}", start + offset)
@@ -223,11 +303,31 @@ def verify(data_dir: str, threads: int = 4) -> list[Problem]:
     """Checks every shard of every split (in `threads` threads); returns the problems found."""
     manifest = manifest_lib.read(data_dir)
     spec = parse_spec(manifest["features"])
-    jobs = [(join(data_dir, shard["file"]), shard)
-            for entry in manifest["splits"].values() for shard in entry["shards"]]
+    rules = ContentRules.of(manifest)
+    jobs = [(split, join(data_dir, shard["file"]), shard)
+            for split, entry in manifest["splits"].items() for shard in entry["shards"]]
+    results, shown = [], time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(max(1, threads)) as pool:
-        results = pool.map(lambda job: verify_shard(job[0], job[1], spec), jobs)
-        found = [problem for problems in results for problem in problems]
+        for done, result in enumerate(pool.map(
+                lambda job: verify_shard(job[1], job[2], spec, rules), jobs), 1):
+            results.append(result)
+            if time.monotonic() - shown > PROGRESS_SECONDS and done < len(jobs):
+                shown = time.monotonic()
+                logging.info("verified %d of %d shards of %s", done, len(jobs), data_dir)
+    found = [problem for problems, _ in results for problem in problems]
+    if rules.num_classes and not found:  # the records' label counts against the manifest's
+        for split, entry in manifest["splits"].items():
+            counted: dict = {}
+            for (job_split, _, _), (_, counts) in zip(jobs, results):
+                for label, number in counts.items() if job_split == split else ():
+                    counted[label] = counted.get(label, 0) + number
+            recorded = {k: v for k, v in (entry.get("label_counts") or {}).items() if v}
+            if "label_counts" in entry and recorded != counted:
+                differ = sorted(set(recorded) | set(counted), key=int)
+                first = next(k for k in differ if recorded.get(k) != counted.get(k))
+                found.append(Problem(f"split {split}", f"label {first}: {counted.get(first, 0):,} "
+                                     f"records, the manifest's label_counts say "
+                                     f"{recorded.get(first, 0):,}"))
     for entry in manifest.get("assets", []):
         try:
             manifest_lib.read_asset(data_dir, manifest, entry["file"])
