@@ -126,3 +126,22 @@ def test_remat_with_dropout_is_refused_in_one_line(tmp_path, text_dir, cli, capf
     errors = [line for line in err.splitlines() if "error:" in line]
     assert len(errors) == 1 and "Traceback" not in err, err[-2000:]
     assert "model.params.dropout=0" in errors[0] and "recomputed" in errors[0], errors
+
+
+def test_a_recomputed_models_export_can_be_fine_tuned(lm_run):
+    """The export keeps tf.recompute_grad's custom gradients: a model loaded from it takes
+    gradients (saved without them, its recomputed blocks have none: `No gradient defined for
+    operation IdentityN`), so fine-tuning from an export works."""
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from tftrain.engine.export import register_text_ops, saved_model_dir
+
+    register_text_ops()
+    model = keras.models.load_model(saved_model_dir(str(lm_run / "runs/remat/export")),
+                                    compile=False)
+    tokens = tf.ones((2, model.input_shape[1]), tf.int64)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(model(tokens, training=True))
+    gradients = tape.gradient(loss, model.trainable_variables)
+    assert gradients and all(g is not None for g in gradients)
