@@ -142,3 +142,20 @@ def test_install_puts_one_filter_on_absl_handler(monkeypatch):
             if f not in before:
                 handler.removeFilter(f)
         absl_logging.set_verbosity(verbosity)
+
+
+def test_kerass_slow_callback_warning_is_chatter():
+    """On a table's millisecond batches Keras calls tftrain's own callbacks slow: nothing the
+    user can act on. Other tf_keras warnings still show."""
+    from tftrain.log_filter import QuietFilter
+
+    def record(message):
+        return logging.LogRecord("absl", logging.WARNING,
+                                 "/venv/site-packages/tf_keras/src/callbacks.py", 376, message,
+                                 None, None)
+
+    quiet = QuietFilter()
+    assert not quiet.filter(record(
+        "Callback method `on_train_batch_end` is slow compared to the batch time (batch time: "
+        "0.0013s vs `on_train_batch_end` time: 0.0026s). Check your callbacks."))
+    assert quiet.filter(record("Callback method `on_train_batch_end` is missing"))
