@@ -291,6 +291,7 @@ def pipeline_command() -> list[str]:
 def test_text_lm_on_two_stages_reaches_the_one_device_bar(text_dir, tmp_path, cli):
     from tests.test_language_model import unigram_perplexity
     from tftrain import config as config_lib
+    from tftrain import tasks
     from tftrain.check import _shapes, memory
     from tftrain.rules.report import Target
 
@@ -309,7 +310,10 @@ def test_text_lm_on_two_stages_reaches_the_one_device_bar(text_dir, tmp_path, cl
     assert summary["eval"]["perplexity"] <= 0.7 * unigram, (summary["eval"], unigram)
     # `tftrain check` plans each stage's weights and optimizer state as the run held them.
     config = config_lib.build_config("text_lm", {"runtime.strategy": "pipeline"}, overrides)
-    planned = memory.plan(_shapes(config), config, Target("cpu", 1), "float32").stages
+    manifest = json.loads((text_dir / "dataset.json").read_text())
+    config, task = tasks.resolve(config, manifest)
+    planned = memory.plan(_shapes(config, manifest, task), config, Target("cpu", 1),
+                          "float32").stages
     for plan, held in zip(planned, pipeline["stages"]):
         assert (plan["weights"], plan["optimizer_state"]) == (
             held["bytes"]["weights"], held["bytes"]["optimizer"])

@@ -65,11 +65,14 @@ def _model_checks(config, target: Target, report: Report, gpu_type: str = "") ->
     from tftrain.check import memory, xla
     from tftrain.engine import backends, prepare
 
-    config = _resolved(config)  # model.name=auto: the model the data picks, as train's
+    from tftrain import tasks
+
+    manifest = prepare.ensure_dataset(config.data, True, convert=False)
+    config, task = tasks.resolve(config, manifest)  # model.name=auto: the data's model
     policy = precision.policy_for(config, target)
     compiled, how = xla.uses_xla(config, target)
     try:
-        shapes = _shapes(config)
+        shapes = _shapes(config, manifest, task)
         found = memory.plan(shapes, config, target, policy, gpu_type)
     except bad_input() as e:  # a model that does not build, layout rules that do not fit it
         return [failure("model", f"building model.name={config.model.name}", e)]
@@ -108,22 +111,13 @@ def _model_checks(config, target: Target, report: Report, gpu_type: str = "") ->
         keras.mixed_precision.set_global_policy(previous)
 
 
-def _resolved(config):
-    """`config` resolved on its dataset (`tasks.resolve`), as `train` resolves it."""
-    from tftrain import tasks
-    from tftrain.engine import prepare
-
-    return tasks.resolve(config, prepare.ensure_dataset(config.data, True, convert=False))[0]
-
-
-def _shapes(config):
-    """The model's shapes for the plan, built in a graph as `train` would build it."""
-    from tftrain import models, tasks
+def _shapes(config, manifest: dict, task):
+    """The model's shapes for the plan, built in a graph as `train` would build it (`config`
+    resolved on the dataset of `manifest`, whose task is `task`)."""
+    from tftrain import models
     from tftrain.check import memory
-    from tftrain.engine import backends, prepare
+    from tftrain.engine import backends
 
-    manifest = prepare.ensure_dataset(config.data, True, convert=False)
-    _, task = tasks.resolve(config, manifest)
     input_shape = backends.input_shape(config.data)
     return memory.shapes_of(config, lambda params: models.build_model(
         config.model.name, params, input_shape, task.outputs(),

@@ -179,8 +179,8 @@ def content_error_message(error: BaseException) -> str | None:
 
 
 _TOO_LONG = "File name too long"
-_UNHEALTHY = re.compile(r"tasks are unhealthy|stopped sending heartbeats|"
-                        r"/job:worker/replica:0/task:(\d+)")
+_UNHEALTHY = re.compile(r"tasks are unhealthy|stopped sending heartbeats")
+_PEER = re.compile(r"/job:worker/replica:0/task:(\d+)")
 
 
 def system_error_message(command: str, error: BaseException) -> str | None:
@@ -204,7 +204,7 @@ def system_error_message(command: str, error: BaseException) -> str | None:
                 "model.params.remat, runtime.mixed_precision)")
     if kind in ("UnavailableError", "AbortedError", "CancelledError") and command == "train" \
             and (_UNHEALTHY.search(str(error)) or "Collective" in str(error)):
-        peer = re.search(r"/job:worker/replica:0/task:(\d+)", str(error))
+        peer = _PEER.search(str(error))
         who = f"worker {peer.group(1)}" if peer else "a peer worker"
         return (f"{who} stopped answering (lost or unhealthy: TensorFlow's coordination "
                 "service saw no heartbeat, or a collective failed). Training stopped at the last "

@@ -188,7 +188,8 @@ class ContentRules:
         found, counts = [], {}
         label = parsed.get(self.label) if self.label else None
         if label is not None and not isinstance(label, tf.RaggedTensor):
-            values = label.numpy().reshape(len(label.numpy()), -1)[:, 0]
+            values = label.numpy()
+            values = values.reshape(len(values), -1)[:, 0]
             if label.dtype.is_floating:
                 bad = ~np.isfinite(values)
                 if bad.any():
