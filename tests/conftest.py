@@ -75,6 +75,37 @@ def text_dir(tmp_path_factory):
     return path
 
 
+class Crash(Exception):
+    """The simulated failure of `crash_at`."""
+
+
+def crash_at(step: int):
+    """A Keras callback that raises `Crash` once `step` steps have run (counted over epochs):
+    add it to `train.make_callbacks` to crash a run in-process after its backups."""
+    import tf_keras as keras
+
+    class CrashAt(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+
+        def on_train_batch_end(self, batch, logs=None):
+            if self.epoch * self.params["steps"] + batch + 1 >= step:
+                raise Crash(f"crashed after step {step}")
+
+    return CrashAt()
+
+
+@pytest.fixture
+def restore_determinism():
+    """train.deterministic switches process-wide settings on: off again after the test."""
+    yield
+    import tf_keras as keras
+    from tensorflow.python.framework import config as tf_config  # no public switch back
+
+    tf_config.disable_op_determinism()
+    keras.backend.experimental.disable_tf_random_generator()
+
+
 def run_cli(*args):
     """Runs `tftrain <args>` in-process, through the console script's entry point; returns its
     exit code (its stdout and stderr reach pytest's capsys/capfd as a process's would).

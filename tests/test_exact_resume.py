@@ -21,7 +21,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, Crash, crash_at
 from tests.launch_testutil import Running
 
 NUM_TRAIN, NUM_EVAL, FEATURES, CLASSES = 300, 40, 5, 3
@@ -174,17 +174,6 @@ def _train_in_process(model_dir, overrides_text, monkeypatch, dump_dir=None) -> 
         monkeypatch.delenv("TFTRAIN_DUMP_WEIGHTS_DIR", raising=False)
 
 
-@pytest.fixture
-def restore_determinism():
-    """train.deterministic switches process-wide settings on: off again after the test."""
-    yield
-    import tf_keras as keras
-    from tensorflow.python.framework import config as tf_config  # no public switch back
-
-    tf_config.disable_op_determinism()
-    keras.backend.experimental.disable_tf_random_generator()
-
-
 @pytest.mark.parametrize("devices", [1, 2], ids=["one_device", "mirrored_2_cpus"])
 def test_sigkill_at_a_random_step_then_the_same_command(tmp_path, id_data, devices, monkeypatch,
                                                         restore_determinism):
@@ -308,23 +297,6 @@ def test_two_workers_one_killed_then_the_same_launch(tmp_path, id_data):
 
 # ---- in process: a crash at a step (an exception out of `fit`), then the same config --------
 
-class Crash(Exception):
-    """The simulated failure."""
-
-
-def _crash_at(step: int):
-    import tf_keras as keras
-
-    class CrashAt(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
-
-        def on_train_batch_end(self, batch, logs=None):
-            if self.epoch * self.params["steps"] + batch + 1 >= step:
-                raise Crash(f"crashed after step {step}")
-
-    return CrashAt()
-
 
 @pytest.mark.parametrize("variant,accum,crash_step", [
     # 9 steps per epoch, backed up after step 5; decoded examples from the cache
@@ -344,7 +316,7 @@ def test_crash_then_resume_in_process(tmp_path, id_data, monkeypatch, variant, a
     total = 2 * steps_per_epoch
     make_callbacks = train.make_callbacks
     monkeypatch.setattr(train, "make_callbacks",
-                        lambda *a, **k: make_callbacks(*a, **k) + [_crash_at(crash_step)])
+                        lambda *a, **k: make_callbacks(*a, **k) + [crash_at(crash_step)])
     with pytest.raises(Crash):
         train.train(config, str(tmp_path / "run"))
     monkeypatch.setattr(train, "make_callbacks", make_callbacks)

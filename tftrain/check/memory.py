@@ -38,10 +38,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
-import re
 
 from tftrain.models.flops import ATTENTION_LAYERS
 from tftrain.rules import hardware
+from tftrain.models.recompute import BLOCK_NAME
 from tftrain.rules.report import ADVICE, ERROR, OK, Finding, Target
 from tftrain.runtime import dtensor_layouts
 
@@ -49,7 +49,6 @@ FAMILY = "memory"
 GIB = 1 << 30
 TIGHT = 0.8  # above this share of the device's memory: advice (workspace and padding on top)
 PARTS = ("weights", "compute_copies", "gradients", "optimizer_state", "activations")
-_BLOCK = re.compile(r"block_(\d+)[_.]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,15 +109,13 @@ class Plan:
 
 
 def shapes_of(config, build) -> ModelShapes:
-    """The shapes of the model `build()` returns, built in a graph (no memory is allocated).
-    A recomputed model is planned from its plain twin (same weights, visible insides)."""
+    """The shapes of the model `build()` returns, built in a graph (no memory is allocated)."""
     import tensorflow as tf
 
     from tftrain.runtime import dtensor
 
     with tf.Graph().as_default():
-        model = build(dict(config.model.params, remat=False)
-                      if config.model.params.get("remat") else config.model.params)
+        model = build(config.model.params)
         weights = tuple(dtensor.weights_of(model))
         per_example, recomputed, unknown = _activation_elements(model)
         stages = _stage_shapes(model, config) if config.runtime.strategy == "pipeline" else ()
@@ -152,7 +149,7 @@ def _activation_elements(model, only: set | None = None) -> tuple[int, int, list
         elements, missing = _node_elements(node)
         unknown += missing
         total += elements
-        match = _BLOCK.match(node.layer.name)
+        match = BLOCK_NAME.match(node.layer.name)
         if match:
             blocks.setdefault(int(match.group(1)), []).append((depth, elements, node))
         else:

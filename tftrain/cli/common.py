@@ -60,6 +60,11 @@ _DEFINITIONS = {
     "json": lambda: flags.DEFINE_string(
         "json", None, "Also write the report as JSON to this path (local or gs://): doctor its "
         "numbers, check its findings and memory plan."),
+    "steps": lambda: flags.DEFINE_integer(
+        "steps", None, "Batches to run. doctor: timed steps per measurement (each also has a "
+        "warm-up; default 100). evaluate, prune, quantize: measure each model on at most this "
+        "many batches of the split, the same batches for every model compared (default, or 0: "
+        "the whole split); the output states the examples measured.", lower_bound=0),
 }
 
 

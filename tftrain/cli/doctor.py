@@ -17,9 +17,7 @@ from tftrain.cli.common import use_flags
 from tftrain.doctor import DEFAULT_STEPS
 
 FLAGS = flags.FLAGS
-use_flags(__name__, "config", "params_override", "json")
-flags.DEFINE_integer("steps", DEFAULT_STEPS, "Timed steps per measurement (each also has a "
-                     "warm-up).", lower_bound=1)
+use_flags(__name__, "config", "params_override", "json", "steps")
 
 
 def main(argv):
@@ -34,12 +32,15 @@ def main(argv):
                           f"{workers} workers (runtime.cluster={config.runtime.cluster}): run it "
                           "without TF_CONFIG (or the SLURM/Kubernetes job) to measure one worker")
 
+    if FLAGS.steps == 0:
+        raise ConfigError("--steps=0: doctor times at least 1 step per measurement "
+                          f"(default {DEFAULT_STEPS})")
     quiet_start.import_tensorflow()  # only after the config is valid
     from tftrain import doctor
     from tftrain.doctor import report
     from tftrain.fileio import write_json
 
-    result = doctor.run(config, FLAGS.steps,
+    result = doctor.run(config, DEFAULT_STEPS if FLAGS.steps is None else FLAGS.steps,
                         config_lib.conversion_allowed(config, FLAGS.params_override))
     print(report.text(result))
     if FLAGS.json:

@@ -3,7 +3,8 @@
 Runs under the run's own strategy, data and optimizer (its params.yaml); writes RUN/pruned/ (a
 SavedModel, float.tflite and model.tflite) and RUN/pruned/report.json (per-layer and overall
 sparsity, parameter counts, gzip sizes and the task's measure before/after on the evaluation
-split: accuracy, or RMSE for regression), then prints the comparison table. Exits non-zero if a
+split: accuracy, or RMSE for regression; --steps=N: on its first N batches only, the same for
+every model, with the examples counted), then prints the comparison table. Exits non-zero if a
 pruned layer misses the target sparsity, or a regression model's RMSE grew by more than
 --max_metric_change.
 Example: tftrain prune --model_dir=runs/demo --target_sparsity=0.8
@@ -12,10 +13,11 @@ from absl import flags
 
 from tftrain import quiet_start
 from tftrain.cli.common import require, use_flags
+from tftrain.optimize import bounds
 
 FLAGS = flags.FLAGS
 use_flags(__name__, "model_dir", "strategy", "split", "max_metric_change",
-          "allow_python_in_model")
+          "allow_python_in_model", "steps")
 flags.DEFINE_float("target_sparsity", 0.8, "Fraction of each pruned kernel set to zero, in (0, 1).")
 flags.DEFINE_string("sparsity_m_by_n", "", "Structured sparsity instead of a fraction: M:N keeps "
                     "at most N-M non-zeros in every N consecutive input-channel weights, e.g. 2:4.")
@@ -51,13 +53,14 @@ def main(argv):
         min_weights=FLAGS.min_weights_to_prune, distill_weight=FLAGS.distill_weight,
         temperature=FLAGS.distill_temperature, split=FLAGS.split, strategy_name=FLAGS.strategy,
         max_metric_change=FLAGS.max_metric_change,
-        allow_python=FLAGS.allow_python_in_model)
+        allow_python=FLAGS.allow_python_in_model, eval_steps=FLAGS.steps or 0)
     from tftrain.optimize import report
 
     measure = summary["measure"]
     print(f"sparsity {summary['sparsity']:.1%}, {measure} {summary[measure + '_before']:.4f} -> "
           f"{summary[measure + '_after']:.4f}, gzip {summary['gzip_bytes_before']} -> "
-          f"{summary['gzip_bytes_after']} bytes ({summary['gzip_ratio']:.2f}x)")
+          f"{summary['gzip_bytes_after']} bytes ({summary['gzip_ratio']:.2f}x); "
+          f"{bounds.describe(summary['num_examples_after'], summary['eval_steps'])}")
     print(report.demo_table(FLAGS.model_dir))
     print(f"pruned model and report in {FLAGS.model_dir}/pruned")
     return 0

@@ -4,7 +4,8 @@ Modes: dynamic (int8 weights), int8 (int8 weights and activations, calibrated on
 split), float16 (float16 weights), qat (quantization-aware fine-tuning, then int8; on a pruned
 model it keeps the sparsity). Several modes: --mode=int8,float16. Each model is written to
 RUN/quantized/model_<mode>.tflite (model_pruned_<mode> with --source=pruned) and evaluated with
-the LiteRT interpreter on the evaluation split next to the float .tflite; the report goes to
+the LiteRT interpreter on the evaluation split (--steps=N: its first N batches, the same for
+every model) next to the float .tflite; the report goes to
 RUN/quantized/report_<mode>.json and report.json. Exits non-zero (keeping the reports) when a
 classifier's accuracy drop exceeds --max_accuracy_drop, or a regression model's RMSE grew by more
 than --max_metric_change. Prints the float / pruned / quantized table.
@@ -14,10 +15,11 @@ from absl import flags
 
 from tftrain import quiet_start
 from tftrain.cli.common import require, use_flags
+from tftrain.optimize import bounds
 
 FLAGS = flags.FLAGS
 use_flags(__name__, "model_dir", "strategy", "split", "max_metric_change",
-          "allow_python_in_model")
+          "allow_python_in_model", "steps")
 flags.DEFINE_list("mode", None, "dynamic, int8, float16 or qat; a comma-separated list runs each.")
 flags.DEFINE_enum("source", "export", ["export", "pruned"],
                   "Which model of the run: export/ (trained) or pruned/ (from tftrain prune).")
@@ -49,7 +51,7 @@ def main(argv):
             qat_learning_rate=FLAGS.qat_learning_rate,
             num_calibration_examples=FLAGS.num_calibration_examples, split=FLAGS.split,
             strategy_name=FLAGS.strategy, num_threads=FLAGS.tflite_threads,
-            allow_python=FLAGS.allow_python_in_model)
+            allow_python=FLAGS.allow_python_in_model, eval_steps=FLAGS.steps or 0)
     except TftrainError:
         if report.comparison_rows(FLAGS.model_dir):  # the gate failed: show what was measured
             print(report.demo_table(FLAGS.model_dir), flush=True)
@@ -59,5 +61,6 @@ def main(argv):
         measure = r["measure"]
         print(f"{r['mode']}: {r['tflite_path']} {measure} {r[measure]:.4f} (float "
               f"{r['float_' + measure]:.4f}), {r['tflite_bytes']} bytes ({r['size_ratio']:.2f}x), "
-              f"{r['latency_ms']:.4f} ms/example at batch 1 ({r['latency_ratio']:.2f}x)")
+              f"{r['latency_ms']:.4f} ms/example at batch 1 ({r['latency_ratio']:.2f}x); "
+              f"{bounds.describe(r['num_examples'], r['eval_steps'])}")
     return 0

@@ -13,8 +13,8 @@ is not counted, being work the model does not need):
   everything else      0 (embeddings are lookups; norms, activations, softmax and adds are
                        elementwise and small beside the matmuls)
 
-Layers nested in a layer (`RecomputedBlock`, a nested model) are counted through their
-sublayers. Shapes come from each layer's call in the functional graph, so the model need not
+A nested model is counted through its layers (a recomputed model, `models.recompute`, has the
+plain model's layers: recomputation adds no counted FLOPs). Shapes come from each layer's call in the functional graph, so the model need not
 run; a layer whose output shape is unknown is counted as 0 and named.
 """
 from __future__ import annotations
@@ -110,14 +110,4 @@ def _layer_flops(layer, node) -> int:
     if kind in ATTENTION_LAYERS:
         return _attention(layer, inputs[0].shape, inputs[-1].shape if len(inputs) > 1
                           else inputs[0].shape)
-    if kind == "RecomputedBlock":
-        return _recomputed_block(layer, inputs[0].shape)
     return 0
-
-
-def _recomputed_block(block, shape) -> int:
-    """A recomputed transformer block: its attention and its two MLP layers, counted once."""
-    length, width = int(shape[1]), int(shape[2])
-    attention = _attention(block.attention, shape, shape)
-    mlp = 2 * (width * block.mlp_width + block.mlp_width * width) * length
-    return attention + mlp

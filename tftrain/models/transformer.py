@@ -18,17 +18,14 @@ Layer names are stable: block `i`'s layers are `block_{i}_attention_norm`,
 weights are `block_{i}_attention/query/kernel:0`, ...), `block_{i}_mlp_norm`,
 `block_{i}_mlp_in` and `block_{i}_mlp_out`; DTensor layout rules address weights by them.
 
-`remat=True` (recomputation): each block is one `RecomputedBlock` layer named `block_{i}`,
-owning the same layers as attributes (`attention_norm`, `attention`, `mlp_norm`, `mlp_in`,
-`mlp_out`: weight paths `block_{i}.attention._query_dense.kernel`, ...), whose forward pass runs
-under `tf.recompute_grad`: the backward pass recomputes the block's activations from its input
-instead of keeping them, so a step keeps each block's input plus one block's activations at a
-time, for about a third more compute. A recomputed block draws no dropout (its recomputation
-would draw other masks): remat needs `dropout: 0`.
+`remat=True` (recomputation, `models.recompute`): the same layers, names and weights, in a model
+whose forward pass runs each block's layers under `tf.recompute_grad`: the backward pass
+recomputes the block's activations from its input instead of keeping them, so a step keeps each
+block's input plus one block's activations at a time, for about a third more compute. Turning it
+on or off changes neither the initial weights of a seed nor the checkpoints. A recomputed block
+draws no dropout (its recomputation would draw other masks): remat needs `dropout: 0`.
 """
 from __future__ import annotations
-
-import functools
 
 from tftrain.errors import ConfigError
 from tftrain.models.attention import attention_class
@@ -85,72 +82,28 @@ def _block(x, index: int, num_heads: int, mlp_width: int, dropout: float, *,
     return layers.Add(name=f"{name}_mlp_residual")([x, y])
 
 
-@functools.cache
-def recomputed_block_class():
-    """`RecomputedBlock`, defined (and registered for loading) once, on first use: this module
-    imports tf_keras lazily."""
-    import tensorflow as tf
+def _blocks(x, num_layers: int, num_heads: int, mlp_width: int, dropout: float,
+            *, causal: bool = False, attention_mask=None):
+    """`num_layers` blocks."""
+    for index in range(num_layers):
+        x = _block(x, index, num_heads, mlp_width, dropout, causal=causal,
+                   attention_mask=attention_mask)
+    return x
+
+
+def _model_class(remat: bool, dropout: float):
+    """The functional model class: `models.recompute`'s when `remat` (refused with dropout)."""
     import tf_keras as keras
 
-    @keras.saving.register_keras_serializable(package="tftrain")
-    class RecomputedBlock(keras.layers.Layer):
-        """One pre-norm block whose activations are recomputed in the backward pass."""
+    from tftrain.models.recompute import recomputed_model_class
 
-        def __init__(self, num_heads: int, mlp_width: int, causal: bool = False, **kwargs):
-            super().__init__(**kwargs)
-            self.num_heads, self.mlp_width, self.causal = num_heads, mlp_width, causal
-
-        def build(self, input_shape):
-            layers, width = keras.layers, int(input_shape[-1])
-            self.attention_norm = layers.LayerNormalization(epsilon=1e-5, name="attention_norm")
-            self.attention = attention_class()(self.num_heads, width // self.num_heads,
-                                               name="attention")
-            self.mlp_norm = layers.LayerNormalization(epsilon=1e-5, name="mlp_norm")
-            self.mlp_in = layers.Dense(self.mlp_width, activation="gelu", name="mlp_in")
-            self.mlp_out = layers.Dense(width, name="mlp_out")
-            # Every weight exists before the first recomputed call (none may be created there),
-            # built from shapes (under a DTensor LayoutMap no eager tensor may meet them).
-            shape = tf.TensorShape(input_shape)
-            for norm in (self.attention_norm, self.mlp_norm):
-                norm.build(shape)
-            self.attention._build_from_signature(query=shape, value=shape)
-            self.mlp_in.build(shape)
-            self.mlp_out.build(shape[:-1].concatenate([self.mlp_width]))
-            super().build(input_shape)
-
-        def _forward(self, x, attention_mask):
-            y = self.attention_norm(x)
-            y = self.attention(y, y, attention_mask=attention_mask, use_causal_mask=self.causal)
-            x = x + y
-            return x + self.mlp_out(self.mlp_in(self.mlp_norm(x)))
-
-        def call(self, x, attention_mask=None):
-            if attention_mask is None:
-                return tf.recompute_grad(lambda inputs: self._forward(inputs, None))(x)
-            return tf.recompute_grad(self._forward)(x, attention_mask)
-
-        def get_config(self):
-            return {**super().get_config(), "num_heads": self.num_heads,
-                    "mlp_width": self.mlp_width, "causal": self.causal}
-
-    return RecomputedBlock
-
-
-def _blocks(x, num_layers: int, num_heads: int, mlp_width: int, dropout: float, remat: bool,
-            *, causal: bool = False, attention_mask=None):
-    """`num_layers` blocks, each recomputed in the backward pass when `remat`."""
-    if remat and dropout:
+    if not remat:
+        return keras.Model
+    if dropout:
         raise ConfigError(f"model.params.remat=true recomputes each block, and a block with "
                           f"dropout ({dropout}) would draw other masks when recomputed: set "
                           "model.params.dropout=0 (or remat=false)")
-    for index in range(num_layers):
-        if remat:
-            block = recomputed_block_class()(num_heads, mlp_width, causal, name=f"block_{index}")
-            x = block(x) if attention_mask is None else block(x, attention_mask=attention_mask)
-        else:
-            x = _block(x, index, num_heads, mlp_width, dropout, causal=causal,
-                       attention_mask=attention_mask)
-    return x
+    return recomputed_model_class()
 
 
 def transformer_lm(input_shape, outputs, vocab_size=None, sequence_length=None, width=64,
@@ -170,10 +123,11 @@ def transformer_lm(input_shape, outputs, vocab_size=None, sequence_length=None, 
     sequence_length = sequence_length or (input_shape[0] if input_shape else None)
     _check(input_shape, vocab_size, sequence_length, width, num_heads, "transformer_lm")
     ids = keras.Input(shape=(sequence_length,), dtype="int32", name="inputs")
+    model_class = _model_class(remat, dropout)
     x = _embed(ids, vocab_size, sequence_length, width, dropout)
-    x = _blocks(x, num_layers, num_heads, mlp_width, dropout, remat, causal=True)
+    x = _blocks(x, num_layers, num_heads, mlp_width, dropout, causal=True)
     x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_norm")(x)
-    return keras.Model(ids, outputs.head(x), name="transformer_lm")
+    return model_class(ids, outputs.head(x), name="transformer_lm")
 
 
 def transformer(input_shape, outputs, vocab_size=None, sequence_length=None, width=64,
@@ -191,9 +145,9 @@ def transformer(input_shape, outputs, vocab_size=None, sequence_length=None, wid
     ids = keras.Input(shape=(sequence_length,), dtype="int32", name="inputs")
     present = tf.cast(tf.not_equal(ids, 0), tf.float32)  # [batch, length]: 1 for a real token
     attention_mask = present[:, tf.newaxis, :]  # every query attends to the real tokens only
+    model_class = _model_class(remat, dropout)
     x = _embed(ids, vocab_size, sequence_length, width, dropout)
-    x = _blocks(x, num_layers, num_heads, mlp_width, dropout, remat,
-                attention_mask=attention_mask)
+    x = _blocks(x, num_layers, num_heads, mlp_width, dropout, attention_mask=attention_mask)
     x = keras.layers.LayerNormalization(epsilon=1e-5, name="final_norm")(x)
     if x.dtype != tf.float32:  # a mixed policy: pool the bf16/fp16 features in float32
         x = tf.cast(x, tf.float32)
@@ -201,4 +155,4 @@ def transformer(input_shape, outputs, vocab_size=None, sequence_length=None, wid
     pooled = tf.reduce_sum(x * weights, axis=1) / tf.maximum(tf.reduce_sum(weights, axis=1), 1.0)
     if dropout:
         pooled = keras.layers.Dropout(dropout, name="pooled_dropout")(pooled)
-    return keras.Model(ids, outputs.head(pooled), name="transformer")
+    return model_class(ids, outputs.head(pooled), name="transformer")

@@ -3,6 +3,7 @@
 Modules, one job each:
 - `keras_model`: load a tf-keras model, reject Keras 3, clone it in float32 with its weights;
 - `metrics`: classification accuracy of a Keras model on a dataset;
+- `bounds`: `--steps`, a measurement on the first N batches of a split, its examples counted;
 - `sizes`: file and gzip sizes;
 - `finetune`: compile and fit a clone (pruning and quantization-aware training);
 - `prune`: magnitude pruning (`prune_low_magnitude`) and per-layer sparsity reports;

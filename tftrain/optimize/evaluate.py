@@ -20,6 +20,7 @@ from tftrain.engine import export, model_code
 from tftrain.data import manifest as manifest_lib
 from tftrain.errors import DataError, TftrainError
 from tftrain.fileio import join, read_json, write_json
+from tftrain.optimize import bounds
 from tftrain.optimize import metrics as metrics_lib
 from tftrain.tasks import r2_metric  # noqa: F401  (registers R2: regression SavedModels load)
 
@@ -46,26 +47,33 @@ def load_saved_model(path: str, allow_python: bool = False):
 
 def evaluate(model_path: str, data_dir: str, split: str, batch_size: int = 256,
              output: str | None = None, pipeline: str | None = None,
-             pipeline_options: dict | None = None, allow_python: bool = False) -> dict:
+             pipeline_options: dict | None = None, allow_python: bool = False,
+             steps: int = 0) -> dict:
     """Evaluates a SavedModel (or .tflite file) on `split` with its task's metrics (see the
-    module docstring); writes and returns them.
+    module docstring); writes and returns them, with `num_examples` (the examples measured,
+    counted) and `steps` (the bound: at most that many batches of the split; 0, the whole
+    split; see `tftrain.optimize.bounds`).
 
     `pipeline`: `data_dir` holds TFRecords another tool wrote, read with that pipeline's schema
     (see `tftrain.data.load`). `allow_python`: load a SavedModel even if it carries Python code.
     """
+    steps = bounds.check_steps(steps)
     output = output or join(os.path.dirname(_export_dir(model_path)) or ".", f"eval_{split}.json")
     check_output_replaceable(output)  # before the work: a user's own file there is kept
-    dataset = data_lib.load(data_dir, split, batch_size, training=False, pipeline=pipeline,
-                            pipeline_options=pipeline_options)
+    dataset = bounds.bounded(data_lib.load(data_dir, split, batch_size, training=False,
+                                           pipeline=pipeline, pipeline_options=pipeline_options),
+                             steps)
     task = task_of(model_path, data_dir, pipeline)
     if model_path.endswith(".tflite"):
         from tftrain.optimize.tflite_eval import evaluate_tflite
 
         metrics = evaluate_tflite(model_path, dataset, task=task)
+        num_examples = metrics["num_examples"]
     else:
         model = load_saved_model(model_path, allow_python)
         check_inputs_fit(model, dataset.element_spec[0], f"{data_dir} (split {split!r})")
-        metrics = metrics_lib.keras_metrics(model, dataset, task)
+        metrics, num_examples = metrics_lib.keras_measure(model, dataset, task)
+    metrics = {**metrics, "num_examples": num_examples, "steps": steps}
     result = {"model": model_path, "data": data_dir, "split": split, "task": task.name,
               "written_by": WRITTEN_BY, **metrics}
     write_json(output, result)

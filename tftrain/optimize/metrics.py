@@ -23,9 +23,12 @@ def predictions(model, dataset) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate(outputs), np.concatenate(labels)
 
 
-def keras_metrics(model, dataset, task) -> dict[str, float]:
-    """The task's metrics (`Task.evaluate`) of a Keras model over a dataset."""
-    return task.evaluate(*predictions(model, dataset))
+def keras_measure(model, dataset, task) -> tuple[dict[str, float], int]:
+    """The task's metrics (`Task.evaluate`) of a Keras model over a dataset, and the number of
+    examples they were measured on: the rows of the batches consumed (a short last batch
+    counts what it holds)."""
+    outputs, labels = predictions(model, dataset)
+    return task.evaluate(outputs, labels), int(len(labels))
 
 
 def keras_accuracy(model, dataset) -> float:

@@ -107,6 +107,7 @@ class KerasMeasurement:
     nonzero_params: int
     layers: list  # per layer: params, nonzero_params and, for the pruned ones, sparsity
     gzip_bytes: int  # sizes.gzip_weights_bytes
+    num_examples: int | None = None  # the examples `metrics` were measured on (counted)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,11 +140,13 @@ class PruneReport:
     small_layers: list
     problems: tuple = ()
     max_metric_change: float | None = None  # the gate, when one was given
+    eval_steps: int | None = None  # the bound: batches of `split` measured (0: all of them)
 
     def to_json(self) -> dict:
         """The report's JSON: settings, `<measure>_before` / `_after` and the other numbers
-        with a `_before` / `_after` suffix, the pruned model's counts and layers, the change
-        under the task's `change_name`."""
+        with a `_before` / `_after` suffix (`num_examples_before` / `_after`: the examples each
+        Keras model was measured on), the pruned model's counts and layers, the change under
+        the task's `change_name`; `eval_steps` when the record has the bound."""
         before, after, measure = self.before, self.after, self.measure
         data = {
             "source": self.source, "split": self.split, "strategy": self.strategy,
@@ -169,7 +172,9 @@ class PruneReport:
         }
         if self.max_metric_change is not None:
             data["max_metric_change"] = self.max_metric_change
-        return data
+        optional = {"eval_steps": self.eval_steps, "num_examples_before": before.num_examples,
+                    "num_examples_after": after.num_examples}
+        return {**data, **{key: value for key, value in optional.items() if value is not None}}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,6 +199,7 @@ class QuantizeReport:
     float_layers: list | None = None  # qat: the layers left float
     qat_epochs: int | None = None  # qat
     num_calibration_examples: int | None = None  # int8
+    eval_steps: int | None = None  # the bound: batches of `split` measured (0: all of them)
 
     @property
     def passed(self) -> bool:
@@ -202,7 +208,8 @@ class QuantizeReport:
 
     def to_json(self) -> dict:
         """The report's JSON: the model's numbers under their own names, the float model's
-        with a `float_` prefix, their ratios, the change and its bound (`max_<change_name>`)."""
+        with a `float_` prefix, their ratios, the change and its bound (`max_<change_name>`);
+        with the evaluation's bound (`eval_steps`), the float model's `float_num_examples`."""
         result, reference, measure = self.tflite, self.float_tflite, self.measure
         both = result.throughput_ms_per_example and reference.throughput_ms_per_example
         data = {
@@ -227,16 +234,20 @@ class QuantizeReport:
             "int8_io": self.int8_io, "passed": self.passed,
         }
         extras = {"float_layers": self.float_layers, "qat_epochs": self.qat_epochs,
-                  "num_calibration_examples": self.num_calibration_examples}
+                  "num_calibration_examples": self.num_calibration_examples,
+                  "eval_steps": self.eval_steps,
+                  "float_num_examples": (None if self.eval_steps is None
+                                         else reference.num_examples)}
         return {**data, **{key: value for key, value in extras.items() if value is not None}}
 
 
 def measured_of(entry: dict, prefix: str = "", measure: str | None = None) -> dict:
     """One model's numbers from a report entry (`prefix="float_"`: the float reference's): the
     task's `measure` (default: the entry's, else accuracy, as reports before tasks), under its
-    own name and as `measure`, and the timing settings; keys an older report lacks are None."""
+    own name and as `measure`, the examples it was measured on (`num_examples`), and the timing
+    settings; keys an older report lacks are None."""
     measure = measure or entry.get("measure") or "accuracy"
-    numbers = {key: entry.get(prefix + key) for key in (measure,) + MEASURED}
+    numbers = {key: entry.get(prefix + key) for key in (measure, "num_examples") + MEASURED}
     return {"measure": measure, **numbers,
             **{key: entry.get(key) for key in TIMING_SETTINGS + ("cpu",)}}
 
@@ -337,11 +348,31 @@ def format_table(rows: list[dict]) -> str:
             f"| {row['tflite_bytes'] / 1024:.1f}{ratio(row, 'tflite_bytes')} "
             f"| {row['gzip_bytes'] / 1024:.1f}{ratio(row, 'gzip_bytes')} "
             f"| {ms(row, 'latency_ms')} | {ms(row, 'throughput_ms_per_example')} | {note} |")
-    cpus = sorted({row["cpu"] for row in rows if row.get("cpu")})
-    if cpus:  # after a blank line, so that pasted into markdown it is not a row of the table
-        lines += ["", f"times: LiteRT interpreter on {' / '.join(cpus)}, each the best of "
-                      "interleaved rounds"]
+    notes = [note for note in (_examples_line(rows), _times_line(rows)) if note]
+    if notes:  # after a blank line, so that pasted into markdown they are not rows of the table
+        lines += ["", *notes]
     return "\n".join(lines)
+
+
+def _examples_line(rows: list[dict]) -> str | None:
+    """`examples measured: 64 per model`, or each model's count when they differ (a report
+    bounded by --steps beside one that was not); None when no report says."""
+    counts = {row["model"]: row.get("num_examples") for row in rows
+              if row.get("num_examples") is not None}
+    if not counts:
+        return None
+    if len(counts) == len(rows) and len(set(counts.values())) == 1:
+        return f"examples measured: {next(iter(counts.values()))} per model"
+    return "examples measured: " + ", ".join(f"{model} {n}" for model, n in counts.items())
+
+
+def _times_line(rows: list[dict]) -> str | None:
+    """`times: LiteRT interpreter on <CPU>, ...`, or None when no report names its CPU."""
+    cpus = sorted({row["cpu"] for row in rows if row.get("cpu")})
+    if not cpus:
+        return None
+    return (f"times: LiteRT interpreter on {' / '.join(cpus)}, each the best of interleaved "
+            "rounds")
 
 
 def demo_table(run_dir: str) -> str:

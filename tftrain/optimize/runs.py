@@ -1,7 +1,8 @@
 """`tftrain prune` and `tftrain quantize` over a run directory, under the run's own config.
 
 Both read the run's `params.yaml` (strategy, data, batch size, optimizer), load `export/` (or
-`pruned/`), measure every result against the float model on the evaluation split, and write a
+`pruned/`), measure every result against the float model on the evaluation split (or on its
+first `eval_steps` batches, the same for every model: `tftrain.optimize.bounds`), and write a
 report before any gate can fail, so a failed run still leaves its numbers behind.
 """
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tftrain.data import foreign, reader
 from tftrain.data import manifest as manifest_lib
 from tftrain.errors import ConfigError, TftrainError
 from tftrain.fileio import join, write_atomic, write_json
-from tftrain.optimize import distill, finetune, metrics, prune, quantize, report, sizes
+from tftrain.optimize import bounds, distill, finetune, metrics, prune, quantize, report, sizes
 from tftrain.optimize import tflite_eval
 from tftrain.optimize.keras_model import load_keras_model
 from tftrain.tasks import r2_metric  # noqa: F401  (registers R2: regression SavedModels load)
@@ -86,10 +87,13 @@ def _strategy(config: config_lib.Config):
     return strategy
 
 
-def _eval_data(config: config_lib.Config, split: str | None):
+def _eval_data(config: config_lib.Config, split: str | None, steps: int | None = None):
+    """`(split, dataset)`: the evaluation split (default: the run's test split) in the run's
+    batches, bounded to its first `steps` batches (None or 0: all of them)."""
     split = split or config.data.test_split
-    return split, data_lib.load(config.data.dir, split, config.data.batch_size, training=False,
-                                **foreign.load_kwargs(config.data))
+    dataset = data_lib.load(config.data.dir, split, config.data.batch_size, training=False,
+                            **foreign.load_kwargs(config.data))
+    return split, bounds.bounded(dataset, steps or 0)
 
 
 def _train_data(config: config_lib.Config, strategy):
@@ -182,6 +186,7 @@ class PruneOptions:
     distill_weight: float = distill.DEFAULT_WEIGHT
     temperature: float = distill.DEFAULT_TEMPERATURE
     max_metric_change: float | None = None
+    eval_steps: int | None = None  # batches of the evaluation split measured; 0/None: all
 
     @property
     def structure(self):
@@ -195,6 +200,7 @@ class PruneOptions:
         if self.epochs is not None and self.epochs < 1:
             raise ConfigError(f"--epochs={self.epochs}: pruning needs at least one fine-tuning "
                               "epoch")
+        bounds.check_steps(self.eval_steps)
 
 
 def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | None = None,
@@ -204,7 +210,7 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
               temperature: float = distill.DEFAULT_TEMPERATURE, split: str | None = None,
               strategy_name: str | None = None, num_threads: int = 1,
               max_eval_examples: int | None = None, max_metric_change: float | None = None,
-              allow_python: bool = False,
+              allow_python: bool = False, eval_steps: int = 0,
               strategy=None) -> dict:
     """Prunes `model_dir/export` under the run's strategy, data and optimizer; writes `pruned/`.
 
@@ -214,12 +220,15 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
 
     `epochs=None` fine-tunes for `prune.finetune_epochs` of the training split (enough steps
     for the data, whatever its size); `distill_weight` and `temperature`: see
-    `prune.prune_model`. Returns the report also written to `pruned/report.json`.
+    `prune.prune_model`. `eval_steps` > 0 measures every model (the float and the pruned one,
+    in Keras and as .tflite) on the same first `eval_steps` batches of the evaluation split
+    only; the report gives each measurement's `num_examples` and the bound (`eval_steps`).
+    Returns the report also written to `pruned/report.json`.
     Raises `TftrainError` after writing it when a pruned layer missed its target sparsity (or
     its m:n structure).
     """
     options = PruneOptions(target_sparsity, m_by_n, epochs, schedule, learning_rate, min_weights,
-                           distill_weight, temperature, max_metric_change)
+                           distill_weight, temperature, max_metric_change, eval_steps)
     options.check()
     config, task = _run_and_task(model_dir, strategy_name)
     check_gate(task, max_metric_change, "--max_metric_change")
@@ -231,7 +240,7 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
     with run_dir.lock(model_dir, "tftrain prune", cluster.is_chief(strategy)):
         keras.utils.set_random_seed(config.train.seed)
         train_data, steps_per_epoch = _train_data(config, strategy)
-        split, eval_data = _eval_data(config, split)
+        split, eval_data = _eval_data(config, split, options.eval_steps)
         epochs = options.epochs or prune.finetune_epochs(steps_per_epoch)
         model = load_keras_model(source, allow_python=allow_python)
         before = _keras_measure(model, eval_data, task)
@@ -260,10 +269,12 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
 def _keras_measure(model, eval_data, task, pruned_weights: set[str] | None = None,
                    structure=None) -> report.KerasMeasurement:
     """A Keras model's sparsity (`pruned_weights`: the weights it counts; `structure`: the m:n
-    structure to check), the task's metrics on the evaluation data, its weights' gzip size."""
+    structure to check), the task's metrics on the evaluation data and the examples they were
+    measured on, its weights' gzip size."""
     sparsity = prune.sparsity_report(model, pruned_weights, structure)
-    return report.KerasMeasurement(metrics=metrics.keras_metrics(model, eval_data, task),
-                                   gzip_bytes=sizes.gzip_weights_bytes(model), **sparsity)
+    measured, num_examples = metrics.keras_measure(model, eval_data, task)
+    return report.KerasMeasurement(metrics=measured, gzip_bytes=sizes.gzip_weights_bytes(model),
+                                   num_examples=num_examples, **sparsity)
 
 
 def _prune(model, train_data, config: config_lib.Config, task, options: PruneOptions, strategy,
@@ -312,7 +323,8 @@ def _pruning_report(result: prune.PruneResult, before: report.KerasMeasurement,
         task=task.name, measure=task.measure, change_name=task.change_name, change=change,
         before=before, after=after, float_tflite=tflite["float"], tflite=tflite["model"],
         unsupported_layers=result.unsupported_layers, min_weights_to_prune=options.min_weights,
-        small_layers=result.small_layers, problems=tuple(problems), max_metric_change=limit)
+        small_layers=result.small_layers, problems=tuple(problems), max_metric_change=limit,
+        eval_steps=options.eval_steps)
 
 
 def _prune_gate(summary: report.PruneReport, out: str) -> None:
@@ -336,9 +348,10 @@ class QuantizeOptions:
     qat_learning_rate: float | None = None
     num_calibration_examples: int = 100
     max_eval_examples: int | None = None
+    eval_steps: int | None = None  # batches of the evaluation split measured; 0/None: all
 
     def check(self) -> None:
-        """Raises ConfigError for a mode or a gate that cannot be."""
+        """Raises ConfigError for a mode, a gate or a bound that cannot be."""
         for mode in self.modes:
             quantize.check_mode(mode)
         if not self.modes:
@@ -347,6 +360,7 @@ class QuantizeOptions:
                             ("--max_metric_change", self.max_metric_change)):
             if value < 0:
                 raise ConfigError(f"{flag}={value} must be >= 0")
+        bounds.check_steps(self.eval_steps)
 
     def max_change(self, task) -> float:
         """The bound of the task's gate flag."""
@@ -364,18 +378,21 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
                  qat_learning_rate: float | None = None, num_calibration_examples: int = 100,
                  split: str | None = None, strategy_name: str | None = None,
                  num_threads: int = 1, max_eval_examples: int | None = None,
-                 strategy=None, allow_python: bool = False) -> list[dict]:
+                 strategy=None, allow_python: bool = False,
+                 eval_steps: int = 0) -> list[dict]:
     """Quantizes `model_dir`'s `source` model in each of `modes`; writes `quantized/`.
 
     Every .tflite (and the float conversion of the same source, the reference) is evaluated with
-    the interpreter on the evaluation split, with the task's metrics. Returns the reports;
+    the interpreter on the evaluation split, with the task's metrics (`eval_steps` > 0: all on
+    the same first `eval_steps` batches only; each report gives `num_examples`,
+    `float_num_examples` and `eval_steps`), and the gate compares those. Returns the reports;
     raises `TftrainError` after writing them when a model falls short of the task's gate: an
     accuracy drop above `max_accuracy_drop` (classification, absolute), or an RMSE more than
     `max_metric_change` above the float model's (regression, relative).
     """
     options = QuantizeOptions(modes, source, max_accuracy_drop, max_metric_change, int8_io,
                               qat_epochs, qat_learning_rate, num_calibration_examples,
-                              max_eval_examples)
+                              max_eval_examples, eval_steps)
     options.check()
     config, task = _run_and_task(model_dir, strategy_name)
     path = model_path(model_dir, source)
@@ -383,7 +400,7 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
     if "qat" in modes and strategy is None:
         strategy = _strategy(config)  # first: no TensorFlow op may run before it is built
     with run_dir.lock(model_dir, "tftrain quantize", cluster.is_chief(strategy)):
-        split, eval_data = _eval_data(config, split)
+        split, eval_data = _eval_data(config, split, options.eval_steps)
         model = load_keras_model(path, allow_python=allow_python)
         run_dir.mark_output(out)
         float_name = report.model_name("float", source)
@@ -456,7 +473,8 @@ def _quantized_report(mode: str, options: QuantizeOptions, task, timed: dict, *,
         max_change=options.max_change(task),
         metrics={k: result.metrics[k] for k in task.evaluate_keys(result.metrics)},
         float_metrics={k: reference.metrics[k] for k in task.evaluate_keys(reference.metrics)},
-        tflite=result, float_tflite=reference, int8_io=options.int8_io_for(mode), **extra)
+        tflite=result, float_tflite=reference, int8_io=options.int8_io_for(mode),
+        eval_steps=options.eval_steps, **extra)
 
 
 def _write_and_gate(model_dir: str, reports: list[report.QuantizeReport], task,

@@ -46,17 +46,15 @@ DEFAULT_RULES: dict[str, dict[str, str | list[str]]] = {
 # all-reduces over `model` and no more: attention's query/key/value kernels [width, heads,
 # head_width] are split by heads (each device attends with its own heads), the output projection
 # [heads, head_width, width] by its input (heads) dimension; the MLP's first kernel by columns,
-# its second by rows. Embeddings are split by width. `block_0_attention.` is a block's layer
-# as such, `block_0.attention.` the same layer inside a recomputed block (model.params.remat).
-# A default rule may list specs: the first
-# that fits the weight decides (`resolve`).
+# its second by rows. Embeddings are split by width (a recomputed model has the same weight
+# paths). A default rule may list specs: the first that fits the weight decides (`resolve`).
 _TRANSFORMER_RULES = {
-    r"block_\d+[_.]attention\._(query|key|value)_dense\.kernel$": "unsharded,model,unsharded",
-    r"block_\d+[_.]attention\._(query|key|value)_dense\.bias$": "model,unsharded",
-    r"block_\d+[_.]attention\._output_dense\.kernel$": "model,unsharded,unsharded",
-    r"block_\d+[_.]mlp_in\.kernel$": "unsharded,model",
-    r"block_\d+[_.]mlp_in\.bias$": "model",
-    r"block_\d+[_.]mlp_out\.kernel$": "model,unsharded",
+    r"block_\d+_attention\._(query|key|value)_dense\.kernel$": "unsharded,model,unsharded",
+    r"block_\d+_attention\._(query|key|value)_dense\.bias$": "model,unsharded",
+    r"block_\d+_attention\._output_dense\.kernel$": "model,unsharded,unsharded",
+    r"block_\d+_mlp_in\.kernel$": "unsharded,model",
+    r"block_\d+_mlp_in\.bias$": "model",
+    r"block_\d+_mlp_out\.kernel$": "model,unsharded",
     r"(token|position)_embedding\.embeddings$": "unsharded,model",
     # by vocabulary (or classes) if it divides by `model`, else by the input width
     r"logits\.kernel$": ["unsharded,model", "model,unsharded"],

@@ -205,12 +205,12 @@ def build(model, stages: list[Stage], devices: list[str]) -> list:
     """Each stage as a functional model whose variables are created on its device, holding
     the weights of `model`."""
     import tensorflow as tf
-    import tf_keras as keras
 
     built = []
     for index, (stage, device) in enumerate(zip(stages, devices)):
         with tf.device(device):
-            part = keras.Model.from_config(_stage_config(model, stage, index))
+            # the model's own class: a recomputed model's stages are recomputed too
+            part = type(model).from_config(_stage_config(model, stage, index))
         built.append(part)
     copy_weights(model, built)
     return built
