@@ -16,10 +16,10 @@ import yaml
 import tftrain
 from tftrain import models, tasks
 from tftrain.config_schema import (  # noqa: F401  (the schema is part of this module's API)
-    CACHE_MODES, CLUSTERS, DATA_FORMATS, JIT_COMPILE, LR_SCHEDULES, MONITORS, ON_NAN, OPTIMIZERS,
-    PRECISIONS, SERVICE_MODES, STRATEGIES, TASK_LOSSES, TASK_TYPES, Config, DataConfig,
-    ModelConfig, RuntimeConfig, TaskConfig, TrainConfig, WholeMapping, all_keys, apply_values,
-    check_divisible, profile_steps, to_dict, to_yaml)
+    CACHE_MODES, CLUSTERS, DATA_FORMATS, JIT_COMPILE, LR_SCHEDULES, MONITORS,
+    ON_NAN, OPTIMIZERS, PIPELINE_SCHEDULES, PRECISIONS, SERVICE_MODES, STRATEGIES, TASK_LOSSES,
+    TASK_TYPES, Config, DataConfig, ModelConfig, RuntimeConfig, TaskConfig, TrainConfig,
+    WholeMapping, all_keys, apply_values, check_divisible, profile_steps, to_dict, to_yaml)
 from tftrain.errors import ConfigError
 from tftrain.runtime import dtensor_layouts
 from tftrain.yaml_file import MAX_YAML_BYTES, MAX_YAML_NODES, load_yaml, read_yaml  # noqa: F401
@@ -164,6 +164,7 @@ def validate(config: Config) -> None:
                           f"{config.runtime.cluster_port}")
     choice("runtime.mixed_precision", config.runtime.mixed_precision, PRECISIONS)
     choice("runtime.jit_compile", config.runtime.jit_compile, JIT_COMPILE)
+    choice("runtime.pipeline_schedule", config.runtime.pipeline_schedule, PIPELINE_SCHEDULES)
     choice("train.optimizer", config.train.optimizer, OPTIMIZERS)
     choice("train.lr_schedule", config.train.lr_schedule, LR_SCHEDULES)
     choice("data.cache", config.data.cache, CACHE_MODES)

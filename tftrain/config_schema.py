@@ -17,6 +17,8 @@ import yaml
 from tftrain.errors import ConfigError
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu", "dtensor", "pipeline")
+# runtime.pipeline_schedule: the order of a stage's micro-batch passes (runtime/pipeline_schedule.py)
+PIPELINE_SCHEDULES = ("1f1b", "gpipe")
 # runtime.cluster: where the multi-worker cluster is described (tftrain/runtime/cluster.py)
 CLUSTERS = ("auto", "tf_config", "slurm", "kubernetes")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
@@ -148,6 +150,13 @@ class RuntimeConfig:
     # bytes balance)
     pipeline_stages: int = 2
     microbatches: int = 4
+    # The order of each stage's forward and backward passes: 1f1b (warm-up forwards, then one
+    # forward one backward: at most `pipeline_stages` micro-batches' activations held per
+    # stage) | gpipe (all forwards, then all backwards: all `microbatches` held). Same bubble.
+    # 1f1b by default: text_lm on 2 virtual CPU devices at batch 512 peaked at 1047 MiB RSS
+    # with 4 micro-batches (gpipe: 1413) and 1126 with 16 (gpipe: 1565), and its steps took
+    # as long as gpipe's (docs/guides/pipeline-stages.md#the-schedule).
+    pipeline_schedule: str = "1f1b"
     stage_rules: str = ""
     tpu_timeout: int = 60  # seconds to connect to and initialize the TPU before giving up
     jit_compile: str = "auto"  # XLA-compile the steps: true | false | auto (GPUs; TPUs always do)
@@ -304,6 +313,7 @@ CHOICES = {
     "train.optimizer": OPTIMIZERS, "train.lr_schedule": LR_SCHEDULES, "train.monitor": MONITORS,
     "train.on_nan": ON_NAN, "runtime.strategy": STRATEGIES, "runtime.cluster": CLUSTERS,
     "runtime.mixed_precision": PRECISIONS, "runtime.jit_compile": JIT_COMPILE,
+    "runtime.pipeline_schedule": PIPELINE_SCHEDULES,
 }
 
 KEY_DOCS = {
@@ -417,6 +427,11 @@ KEY_DOCS = {
                                "else virtual CPU devices).",
     "runtime.microbatches": "`runtime.strategy=pipeline`: micro-batches per step (GPipe); "
                             "`data.batch_size` must divide by it.",
+    "runtime.pipeline_schedule": "`runtime.strategy=pipeline`: the order of each stage's "
+                                 "micro-batch passes: `1f1b` (one forward, one backward: at "
+                                 "most `pipeline_stages` micro-batches' activations held per "
+                                 "stage) or `gpipe` (all forwards, then all backwards: all "
+                                 "`microbatches` held); the same idle share.",
     "runtime.stage_rules": "`runtime.strategy=pipeline`: the layers after which to cut, "
                            "comma-separated; empty: balanced by parameter bytes.",
     "runtime.tpu_timeout": "Seconds to connect to and initialize the TPU before giving up.",

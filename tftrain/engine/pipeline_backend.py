@@ -1,5 +1,6 @@
 """The pipeline backend (`runtime.strategy=pipeline`): the model's layers cut into stages, one
-device each, trained GPipe-style with micro-batches (`runtime.pipeline_model`).
+device each, trained with micro-batches in the order of `runtime.pipeline_schedule`
+(`runtime.pipeline_model`, `runtime.pipeline_schedule`).
 
 Everything but the model is the one-device story (`StrategyBackend` on the default strategy):
 seeds, precision, the input pipeline, evaluation data, the export directory. The ordinary
@@ -16,19 +17,16 @@ from absl import logging
 from tftrain import config as config_lib
 from tftrain import tasks
 from tftrain.engine import backends, determinism, run_memory
-from tftrain.runtime import pipeline_model, pipeline_stages
+from tftrain.runtime import pipeline_model, pipeline_schedule, pipeline_stages
 from tftrain.training import optimizers
 
 
-def bubble_fraction(stages: int, microbatches: int) -> float:
-    """The share of a GPipe step each device idles: (S - 1) / (M + S - 1)."""
-    return (stages - 1) / (microbatches + stages - 1)
-
-
 class PipelineBackend(backends.StrategyBackend):
-    """Stages on `runtime.pipeline_stages` devices, `runtime.microbatches` per step."""
+    """Stages on `runtime.pipeline_stages` devices, `runtime.microbatches` per step, run in
+    the order of `runtime.pipeline_schedule`."""
 
     def __init__(self, config: config_lib.Config):
+        pipeline_schedule.check(config.runtime.pipeline_schedule)
         self.devices = pipeline_stages.devices(config.runtime)
         super().__init__(config, tf.distribute.get_strategy(), jit_compile=False)
         self.name = "pipeline"
@@ -53,7 +51,8 @@ class PipelineBackend(backends.StrategyBackend):
                          f"{stage.parameters:,}")
         trainer = pipeline_model.PipelineModel(
             self._stages, self.devices, config.runtime.microbatches,
-            config.train.grad_accum_steps, name=f"{model.name}_pipeline")
+            config.train.grad_accum_steps, config.runtime.pipeline_schedule,
+            name=f"{model.name}_pipeline")
         trainer.compile(optimizer=optimizers.make_optimizer(config.train, plan.schedule_epoch_steps,
                                                             plan.total_steps),
                         loss=task.loss(), metrics=task.metrics(), jit_compile=False,
@@ -73,8 +72,8 @@ class PipelineBackend(backends.StrategyBackend):
         return model
 
     def summary(self, trainer: keras.Model) -> dict:
-        """The backend's part of `summary.json`: each stage's device, layers and bytes, and the
-        schedule's bubble."""
+        """The backend's part of `summary.json`: each stage's device, layers and bytes; the
+        schedule, its bubble and the most micro-batches each stage held at once."""
         optimizer = run_memory.bytes_by_device(run_memory.optimizer_state(trainer.optimizer))
         stages = []
         for stage, model, device in zip(self._plan, self._stages, self.devices):
@@ -85,9 +84,13 @@ class PipelineBackend(backends.StrategyBackend):
                            "receives": list(stage.inputs), "sends": list(stage.outputs),
                            "bytes": {"weights": weights,
                                      "optimizer": sum(optimizer.get(d, 0) for d in placed)}})
-        microbatches = getattr(trainer, "microbatches", 1)
+        microbatches, kind = trainer.microbatches, trainer.schedule
+        actions = pipeline_schedule.schedule(kind, len(stages), microbatches)
         return {"strategy": "pipeline", "num_replicas": 1, "num_workers": 1, "jit_compile": False,
-                "pipeline": {"stages": stages, "microbatches": microbatches,
-                             "bubble_fraction": round(bubble_fraction(len(stages), microbatches), 4),
+                "pipeline": {"stages": stages, "microbatches": microbatches, "schedule": kind,
+                             "bubble_fraction": round(pipeline_schedule.bubble_fraction(
+                                 kind, len(stages), microbatches), 4),
+                             "max_in_flight": pipeline_schedule.max_in_flight(actions,
+                                                                              len(stages)),
                              "balanced_by": "stage_rules" if self._rules else
                              "parameter bytes"}}
