@@ -1,7 +1,10 @@
 """`tftrain check`'s memory plan through the CLI: exact for the weights and the optimizer
 state of a real run (one device and a DTensor mesh with sharded Adafactor state), the JSON
-report, and suggestions that fit when re-checked."""
+report, and suggestions that fit when re-checked; pipeline stages planned from the model's
+shapes in a graph (no data, no training), each holding the micro-batches its schedule keeps."""
 import json
+
+import pytest
 
 from tests.dtensor_runs import ADAFACTOR_SHARDED, dtensor_adafactor_run  # noqa: F401
 
@@ -75,3 +78,101 @@ def test_a_model_too_big_for_the_gpu_gets_changes_that_fit(cli, tmp_path, digits
 def test_gpu_type_is_for_gpu_targets(cli, capsys):
     assert cli("check", "--config=digits", "--target=cpu", "--gpu_type=a100-40gb") == 2
     assert "--gpu_type is for --target=gpu" in capsys.readouterr().err
+
+
+# -- pipeline stages: the micro-batches each schedule keeps in flight -----------------------
+
+TEXT_LM_VOCAB = 100  # the model's shapes only: any vocabulary (the text pipeline's is ~100)
+
+
+def _text_lm_pipeline(overrides: str = ""):
+    """text_lm on 2 stages, 8 micro-batches of 8 examples (batch 64)."""
+    from tftrain import config as config_lib
+
+    return config_lib.build_config("text_lm", {"runtime.strategy": "pipeline"},
+                                   ",".join(filter(None, ["runtime.microbatches=8", overrides])))
+
+
+@pytest.fixture(scope="module")
+def text_lm_stages():
+    """text_lm's shapes cut into 2 stages, built in a graph once (the plan varies the batch,
+    micro-batches and schedule, which do not change them)."""
+    from tftrain import models
+    from tftrain.check import memory
+
+    config = _text_lm_pipeline()
+    length = config.data.pipeline_options["sequence_length"]
+    return memory.shapes_of(config, lambda params: models.build_model(
+        config.model.name, params, (length,), TEXT_LM_VOCAB,
+        dataset_info={"vocab_size": TEXT_LM_VOCAB, "sequence_length": length}))
+
+
+def test_each_stage_plans_the_activations_its_schedule_keeps_in_flight(text_lm_stages):
+    """gpipe: both stages hold all 8 micro-batches (the whole batch); 1f1b: stage 0 holds
+    min(2 - 0, 8) = 2, stage 1 holds 1. So gpipe's activations are 4x and 8x 1f1b's."""
+    from tftrain.check import memory
+    from tftrain.rules.report import Target
+
+    shapes = text_lm_stages
+    assert len(shapes.stages) == 2
+    plans = {kind: memory.plan(shapes, _text_lm_pipeline(f"runtime.pipeline_schedule={kind}"),
+                               Target("gpu", 1), "float32") for kind in ("gpipe", "1f1b")}
+    gpipe, one_f_one_b = ([s["activations"] for s in plans[k].stages] for k in plans)
+    assert gpipe[0] == 4 * one_f_one_b[0] and gpipe[1] == 8 * one_f_one_b[1], plans
+    # gpipe holds the whole batch: 64 examples x (value + gradient) x 4 bytes per element.
+    assert gpipe == [64 * 2 * 4 * stage.per_example for stage in shapes.stages]
+    planned = plans["1f1b"].to_json()
+    assert planned["micro_batch"] == 8
+    assert [(s["schedule"], s["microbatches_in_flight"]) for s in planned["stages"]] == [
+        ("1f1b", 2), ("1f1b", 1)]
+    assert [s["microbatches_in_flight"] for s in plans["gpipe"].stages] == [8, 8]
+    assert planned["bytes_per_device"] == max(s["bytes"] for s in planned["stages"])
+    what = memory.check(plans["1f1b"], shapes).what
+    assert "+ activations of 2 micro-batches of 8 examples in flight (1f1b) " in what, what
+    assert "; stage 0: ~" in what and "activations of 2 micro-batches in flight (1f1b) " in what
+    assert "; stage 1: ~" in what and "activations of 1 micro-batch in flight (1f1b) " in what
+
+
+def test_a_gpipe_run_too_big_for_the_gpu_is_told_to_switch_to_1f1b(text_lm_stages):
+    """Batch 32768 (8 micro-batches of 4096) on a 16 GiB T4, float32: gpipe keeps the whole
+    batch's activations on each stage (~23 GiB), 1f1b a quarter of them on stage 0 (~6 GiB)."""
+    from tftrain.check import memory
+    from tftrain.rules import precision
+    from tftrain.rules.report import ERROR, Target
+
+    shapes, target, batch = text_lm_stages, Target("gpu", 1), "data.batch_size=32768"
+    config = _text_lm_pipeline(f"{batch},runtime.pipeline_schedule=gpipe")
+    policy = precision.policy_for(config, target)
+    found = memory.plan(shapes, config, target, policy, "t4")
+    assert not found.fits and found.device_bytes == 16 << 30
+    found.suggestions = memory.suggest(shapes, config, target, policy, found, "t4")
+    first = found.suggestions[0]
+    assert first["override"] == "runtime.pipeline_schedule=1f1b", found.suggestions
+    finding = memory.check(found, shapes)
+    assert finding.status == ERROR
+    assert '--params_override="runtime.pipeline_schedule=1f1b"' in finding.fix, finding.fix
+    # Re-planned with the change, as a user pastes it: it fits, at the planned bytes.
+    switched = memory.plan(shapes, _text_lm_pipeline(f"{batch},{first['override']}"), target,
+                           policy, "t4")
+    assert switched.fits and switched.bytes_per_device == first["bytes_per_device"]
+
+
+def test_when_1f1b_alone_is_not_enough_the_advice_adds_more_micro_batches(text_lm_stages):
+    """Batch 131088 = 16 x 8193 on a T4, gpipe: no single change fits (1f1b's stage 0 still
+    holds a quarter of the batch, ~23 GiB; the batch splits into 8 micro-batches only once
+    halved, and halving it or its precision leaves gpipe ~47 GiB). 1f1b with 16 micro-batches
+    holds an eighth (~11.5 GiB): the first pair."""
+    from tftrain.check import memory
+    from tftrain.rules.report import Target
+
+    shapes, target, batch = text_lm_stages, Target("gpu", 1), "data.batch_size=131088"
+    config = _text_lm_pipeline(f"{batch},runtime.pipeline_schedule=gpipe")
+    found = memory.plan(shapes, config, target, "float32", "t4")
+    found.suggestions = memory.suggest(shapes, config, target, "float32", found, "t4")
+    first = found.suggestions[0]["override"]
+    assert first == "runtime.pipeline_schedule=1f1b,runtime.microbatches=16", found.suggestions
+    assert first in memory.check(found, shapes).fix
+    assert not memory.plan(shapes, _text_lm_pipeline(f"{batch},runtime.pipeline_schedule=1f1b"),
+                           target, "float32", "t4").fits
+    assert memory.plan(shapes, _text_lm_pipeline(f"{batch},{first}"), target, "float32",
+                       "t4").fits

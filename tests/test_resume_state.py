@@ -65,17 +65,49 @@ def curve(model_dir, key):
         return [epoch[key] for epoch in json.load(f)["epochs"]]
 
 
-def test_early_stopping_plateau_and_best_checkpoint_resume(tmp_path, digits_dir):
+def _sigterm_during_validation(epoch: int):
+    """A callback that sends this process SIGTERM as epoch `epoch`'s validation begins."""
+    import tf_keras as keras
+
+    class SigtermInValidation(keras.callbacks.Callback):
+        sent = False
+
+        def on_epoch_begin(self, index, logs=None):
+            self.epoch = index
+
+        def on_test_batch_begin(self, batch, logs=None):
+            if self.epoch == epoch and not self.sent:
+                SigtermInValidation.sent = True
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    return SigtermInValidation()
+
+
+@pytest.mark.parametrize("when", ["after_epoch_4_backup", "in_epoch_5_validation"])
+def test_early_stopping_plateau_and_best_checkpoint_resume(tmp_path, digits_dir, monkeypatch,
+                                                           when):
     # What the uninterrupted run does on the flat metric (see test_train_features for early
     # stopping and plateau on flat metrics): best at epoch 1, the rate halved after epochs 3
     # and 5 (the logged rate is the one the epoch trained with), early stop after epoch 6.
+    # A SIGTERM during validation waits for the epoch's end: backed up mid-validation, the
+    # resumed run would skip that epoch's validation and stop an epoch late.
     uninterrupted_epochs, uninterrupted_rates = 6, [1e-9, 1e-9, 1e-9, 5e-10, 5e-10, 2.5e-10]
     model_dir = str(tmp_path / "run")
     best = os.path.join(model_dir, "checkpoints", "best.index")
     marker = os.path.join(model_dir, "backup", "chief", "ckpt-4.index")  # after epoch 4
-    with SigtermWhen(marker) as sigterm, pytest.raises(Preempted):
-        train.train(_config(digits_dir, FLAT), model_dir)
-    assert sigterm.sent
+    if when == "in_epoch_5_validation":
+        trigger = _sigterm_during_validation(epoch=4)
+        make_callbacks = train.make_callbacks
+        monkeypatch.setattr(train, "make_callbacks",
+                            lambda *a, **k: make_callbacks(*a, **k) + [trigger])
+        with pytest.raises(Preempted):
+            train.train(_config(digits_dir, FLAT), model_dir)
+        monkeypatch.setattr(train, "make_callbacks", make_callbacks)
+        assert trigger.sent
+    else:
+        with SigtermWhen(marker) as sigterm, pytest.raises(Preempted):
+            train.train(_config(digits_dir, FLAT), model_dir)
+        assert sigterm.sent
     best_before = (os.stat(best).st_mtime_ns, open(best, "rb").read())
     summary = train.train(_config(digits_dir, FLAT), model_dir)
 

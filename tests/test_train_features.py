@@ -216,3 +216,28 @@ def test_the_train_step_is_traced_once(digits_dir, overrides):
         assert [m.name for m in run.trainer.metrics] == ["loss", "accuracy"]
     finally:
         keras.mixed_precision.set_global_policy("float32")
+
+
+def test_async_backup_is_on_for_one_process_runs_and_refused_where_it_cannot_be():
+    """train.async_backup=auto writes in the background in one process (one device, Mirrored,
+    pipeline) and not in a multi-worker or DTensor run, where `true` is refused in one line."""
+    from types import SimpleNamespace
+
+    from tftrain.engine.train import backs_up_in_background
+
+    def setting(value):
+        return config_lib.build_config("digits", overrides=f"train.async_backup={value}").train
+
+    one, mirrored = (SimpleNamespace(name=n, num_workers=1) for n in ("one_device", "mirrored"))
+    workers = SimpleNamespace(name="multi_worker_mirrored", num_workers=2)
+    mesh = SimpleNamespace(name="dtensor", num_workers=1)
+    assert backs_up_in_background(setting("auto"), one)
+    assert backs_up_in_background(setting("true"), mirrored)
+    assert not backs_up_in_background(setting("false"), one)
+    assert not backs_up_in_background(setting("auto"), workers)
+    assert not backs_up_in_background(setting("auto"), mesh)
+    for backend in (workers, mesh):
+        with pytest.raises(ConfigError, match=r"train.async_backup=true: a \w+ run"):
+            backs_up_in_background(setting("true"), backend)
+    with pytest.raises(ConfigError, match="train.async_backup='maybe' is not one of auto"):
+        setting("maybe")

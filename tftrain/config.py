@@ -16,7 +16,7 @@ import yaml
 import tftrain
 from tftrain import models, tasks
 from tftrain.config_schema import (  # noqa: F401  (the schema is part of this module's API)
-    CACHE_MODES, CLUSTERS, DATA_FORMATS, JIT_COMPILE, LR_SCHEDULES, MONITORS,
+    ASYNC_BACKUP, CACHE_MODES, CLUSTERS, DATA_FORMATS, JIT_COMPILE, LR_SCHEDULES, MONITORS,
     ON_NAN, OPTIMIZERS, PIPELINE_SCHEDULES, PRECISIONS, SERVICE_MODES, STRATEGIES, TASK_LOSSES,
     TASK_TYPES, Config, DataConfig, ModelConfig, RuntimeConfig, TaskConfig, TrainConfig,
     WholeMapping, all_keys, apply_values, check_divisible, profile_steps, to_dict, to_yaml)
@@ -165,6 +165,7 @@ def validate(config: Config) -> None:
     choice("runtime.mixed_precision", config.runtime.mixed_precision, PRECISIONS)
     choice("runtime.jit_compile", config.runtime.jit_compile, JIT_COMPILE)
     choice("runtime.pipeline_schedule", config.runtime.pipeline_schedule, PIPELINE_SCHEDULES)
+    choice("train.async_backup", config.train.async_backup, ASYNC_BACKUP)
     choice("train.optimizer", config.train.optimizer, OPTIMIZERS)
     choice("train.lr_schedule", config.train.lr_schedule, LR_SCHEDULES)
     choice("data.cache", config.data.cache, CACHE_MODES)

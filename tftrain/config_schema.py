@@ -19,6 +19,7 @@ from tftrain.errors import ConfigError
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu", "dtensor", "pipeline")
 # runtime.pipeline_schedule: the order of a stage's micro-batch passes (runtime/pipeline_schedule.py)
 PIPELINE_SCHEDULES = ("1f1b", "gpipe")
+ASYNC_BACKUP = ("auto", "true", "false")
 # runtime.cluster: where the multi-worker cluster is described (tftrain/runtime/cluster.py)
 CLUSTERS = ("auto", "tf_config", "slurm", "kubernetes")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
@@ -108,6 +109,10 @@ class TrainConfig:
     monitor: str = "auto"  # best checkpoint, early stopping, plateau; auto: the task's
     early_stopping_patience: int = 0  # 0: off; else epochs without improvement of `monitor`
     backup_every_steps: int = 0  # 0: back up at the end of each epoch only
+    # auto: the backups are written in the background (the step waits only for a copy of the
+    # variables in host memory) by a single-process run (one device, Mirrored, pipeline); a
+    # multi-worker, TPU or DTensor run writes them synchronously (callbacks/backup.py)
+    async_backup: str = "auto"
     # Bounded evaluation on large data: batches per validation (0: the whole split), validate
     # every N steps instead of at epoch ends (0: at epoch ends; the best checkpoint, early
     # stopping, plateau and the epoch backup follow it), batches of the final test (0: whole).
@@ -313,7 +318,7 @@ CHOICES = {
     "train.optimizer": OPTIMIZERS, "train.lr_schedule": LR_SCHEDULES, "train.monitor": MONITORS,
     "train.on_nan": ON_NAN, "runtime.strategy": STRATEGIES, "runtime.cluster": CLUSTERS,
     "runtime.mixed_precision": PRECISIONS, "runtime.jit_compile": JIT_COMPILE,
-    "runtime.pipeline_schedule": PIPELINE_SCHEDULES,
+    "runtime.pipeline_schedule": PIPELINE_SCHEDULES, "train.async_backup": ASYNC_BACKUP,
 }
 
 KEY_DOCS = {
@@ -389,6 +394,13 @@ KEY_DOCS = {
     "train.early_stopping_patience": "Epochs without improvement of `train.monitor` before "
                                      "stopping; 0: off.",
     "train.backup_every_steps": "Back up for resume every N steps; 0: at each epoch end only.",
+    "train.async_backup": "Write each backup in the background: the step waits only while the "
+                          "variables are copied to host memory, and for the previous write (at "
+                          "most one in flight); a backup becomes the one to resume from only once "
+                          "it is whole. `auto`: on for one-process runs (one device, Mirrored, "
+                          "pipeline), off for multi-worker, TPU and DTensor runs (`true` there "
+                          "is refused). `summary.json[\"backup\"]` has the seconds the steps "
+                          "were blocked and the seconds of writing.",
     "train.validation_steps": "Batches per validation; 0: the whole split.",
     "train.validation_every_steps": "Validate every N steps instead of at epoch ends (the best "
                                     "checkpoint, early stopping, plateau and the epoch backup "

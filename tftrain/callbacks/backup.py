@@ -15,20 +15,59 @@ when `fit` returns (the run deletes it once summary.json is written, so a kill d
 final evaluation or export does not restart training); the backup also holds the callbacks'
 counters (`state`, see `callback_state`), and `checks` can refuse to back up a bad state
 (the divergence guard refuses NaN weights).
+
+`write_async` (`train.async_backup`): each backup is written by TensorFlow's async checkpointing
+(`tf.train.CheckpointOptions(enable_async=True)`): the step waits while the variables are copied
+into host memory, and for the previous write if it is still going (at most one in flight); the
+files are written on a background thread, and the checkpoint manager makes a backup the one to
+resume from only once its files are whole, so a kill during a write leaves the previous backup
+current. `wait()` blocks until the write in flight is whole (at the end of training, before a
+rollback, after a SIGTERM's backup). `stats` (summary.json["backup"]) counts the backups, the
+seconds the steps were blocked, the seconds of writing and the bytes written.
 """
 from __future__ import annotations
 
+import dataclasses
 import posixpath
+import threading
+import time
 
 import tensorflow as tf
 import tf_keras as keras
 from absl import logging
 
 
-class Backup(keras.callbacks.BackupAndRestore):
-    """`BackupAndRestore(backup_dir)` that backs up every `every_steps` steps (0: epochs only)."""
+@dataclasses.dataclass
+class BackupStats:
+    """What the backups of a run cost (summary.json["backup"])."""
 
-    def __init__(self, backup_dir: str, every_steps: int = 0):
+    write_async: bool = False
+    count: int = 0  # backups taken (by this attempt of the run)
+    blocked_seconds: float = 0.0  # the steps waited this long for them
+    write_seconds: float = 0.0  # from each backup's start until its files were whole
+    bytes: int = 0  # the checkpoint files written
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False)
+
+    def written(self, seconds: float, prefix: str) -> None:
+        """Records a whole backup at checkpoint `prefix` that took `seconds` to write."""
+        size = sum(tf.io.gfile.stat(path).length for path in tf.io.gfile.glob(prefix + ".*"))
+        with self._lock:
+            self.write_seconds += seconds
+            self.bytes += size
+
+    def summary(self) -> dict:
+        """The JSON form."""
+        with self._lock:
+            return {"async": self.write_async, "count": self.count,
+                    "blocked_seconds": round(self.blocked_seconds, 3),
+                    "write_seconds": round(self.write_seconds, 3), "bytes": self.bytes}
+
+
+class Backup(keras.callbacks.BackupAndRestore):
+    """`BackupAndRestore(backup_dir)` that backs up every `every_steps` steps (0: epochs only),
+    in the background when `write_async`."""
+
+    def __init__(self, backup_dir: str, every_steps: int = 0, write_async: bool = False):
         # An int save_freq (whatever it is: `every_steps` sets the cadence here) makes Keras
         # resume at the step after a mid-epoch backup; with "epoch" it would skip the rest of
         # the epoch after a SIGTERM backup.
@@ -43,6 +82,10 @@ class Backup(keras.callbacks.BackupAndRestore):
         self.checks = []  # callables run before each backup; one returning False cancels it
         self.back_up_at_start = False  # a backup before the first step (a rollback point)
         self.trackables = {}  # name -> trackable saved with every backup (e.g. random generators)
+        self.write_async = write_async
+        self.stats = BackupStats(write_async)
+        self._writer = None  # the background writer's CheckpointManager (`_background_writer`)
+        self._next_number = 1
 
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)
@@ -111,8 +154,53 @@ class Backup(keras.callbacks.BackupAndRestore):
                 return
         if self.state is not None:
             self.state.save(self.model)
-        self._training_state.back_up(epoch=self._current_epoch)
+        started = time.monotonic()
+        if self.write_async:
+            self._background_writer().save(
+                checkpoint_number=self._next_number, options=tf.train.CheckpointOptions(
+                    enable_async=True, experimental_write_callbacks=[
+                        lambda prefix: self.stats.written(time.monotonic() - started, prefix)]))
+            self._next_number += 1
+        else:
+            self._training_state.back_up(epoch=self._current_epoch)
+            manager = self._training_state.write_checkpoint_manager
+            if manager.latest_checkpoint:  # a non-chief worker's temporary copy is gone
+                self.stats.written(time.monotonic() - started, manager.latest_checkpoint)
+        self.stats.count += 1
+        self.stats.blocked_seconds += time.monotonic() - started
         self._steps_since_backup = 0
+
+    def _background_writer(self) -> tf.train.CheckpointManager:
+        """The manager of the backups written in the background (made on the first).
+
+        TensorFlow's async writer saves what its checkpoint was constructed with, not what was
+        attached to it later (as `trackables` are to Keras's), so it gets a checkpoint of its
+        own holding the same objects under the same names. Its save counter is its own too
+        (an async save writes 0 for it): the number of each backup is given, one more than
+        the current one's, so a backup never overwrites the one a resumed run read."""
+        if self._writer is None:
+            state = self._training_state
+            checkpoint = tf.train.Checkpoint(
+                model=self.model, ckpt_saved_epoch=state._ckpt_saved_epoch,
+                ckpt_saved_batch=state._ckpt_saved_batch, train_counter=self.model._train_counter,
+                **self.trackables)
+            reader = state.read_checkpoint_manager
+            self._writer = tf.train.CheckpointManager(
+                checkpoint, reader.directory, max_to_keep=reader._max_to_keep)
+            latest = reader.latest_checkpoint
+            self._next_number = int(latest.rsplit("-", 1)[1]) + 1 if latest else 1
+        return self._writer
+
+    def wait(self) -> None:
+        """Blocks until the backup being written in the background (if any) is whole."""
+        if self._writer is not None:
+            started = time.monotonic()
+            self._writer.sync()
+            self.stats.blocked_seconds += time.monotonic() - started
+
+    def on_train_end(self, logs=None):
+        self.wait()
+        super().on_train_end(logs)
 
 
 def resume_point(epoch: int, batch: int, steps_per_epoch: int) -> tuple[int, int]:

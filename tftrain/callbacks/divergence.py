@@ -111,6 +111,7 @@ class DivergenceGuard(keras.callbacks.Callback):
                        f"train.learning_rate (or clip gradients), or {advice}.")
 
     def _roll_back(self, cause: str, where: str, last: str) -> None:
+        self.backup.wait()  # a backup still being written becomes the rollback point
         path = tf.train.latest_checkpoint(join(self.backup.backup_dir, "chief"))
         if path is None:  # cannot happen after back_up_at_start; stop rather than guess
             raise Diverged(f"training diverged: {cause} at {where}; {last}; no backup in "

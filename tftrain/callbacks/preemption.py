@@ -2,9 +2,13 @@
 
 `tf.distribute.experimental.PreemptionCheckpointHandler` supports MultiWorkerMirrored only, so
 tftrain handles SIGTERM itself, for every strategy. While `fit` runs, the signal only sets a
-flag; the next `on_train_batch_end` (or validation batch, epoch end, or the end of `fit`)
-writes the backup through the `Backup` callback and raises `Preempted`, which the CLI turns
-into exit code 143 (`PREEMPTED_EXIT_CODE`, 128 + SIGTERM as shells report it). Outside `fit` (data conversion,
+flag; the next `on_train_batch_end` (or epoch end, or the end of `fit`) writes the backup
+through the `Backup` callback and raises `Preempted`, which the CLI turns
+into exit code 143 (`PREEMPTED_EXIT_CODE`, 128 + SIGTERM as shells report it). A signal
+after an epoch's last step or during its validation waits for the epoch's end: a backup taken
+there would resume at the next epoch, and the epoch's validation and end (early stopping, the
+plateau, the best checkpoint, its curves) would be lost; `train.validation_steps` bounds that
+wait. Outside `fit` (data conversion,
 final evaluation, export) the signal raises `Preempted` at once: the backup of the last epoch is
 already on disk. Running the same command again resumes.
 """
@@ -90,18 +94,17 @@ class PreemptionCallback(keras.callbacks.Callback):
         self._check()  # a SIGTERM after the last step: stop before the evaluation and export
 
     def on_train_batch_end(self, batch, logs=None):
-        self._check()
+        if batch + 1 < (self.params.get("steps") or batch + 2):  # the epoch's last: at its end
+            self._check()
 
     def on_epoch_end(self, epoch, logs=None):
         self._check()  # a SIGTERM during the epoch's end: stop before the next epoch starts
-
-    def on_test_batch_end(self, batch, logs=None):
-        self._check()
 
     def _check(self):
         if self.handler.received:
             self.handler.deferred = False
             self.backup.back_up_now()
+            self.backup.wait()  # whole on disk before the process exits
             epoch, step = self.backup._current_epoch, int(
                 self.backup._training_state._ckpt_saved_batch.numpy()) + 1
             logging.warning("preempted: backed up at epoch %d step %d in %s", epoch + 1, step,

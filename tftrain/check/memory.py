@@ -25,9 +25,12 @@ Megatron rules split over `model` are counted whole (an upper bound).
 
 Pipeline stages (`runtime.strategy=pipeline`) are planned one by one, cut as training cuts them
 (`pipeline_stages.plan`): each stage's weights, gradients and optimizer state, and the
-activations of its own layers for the whole batch (GPipe keeps every micro-batch's until its
-backward pass); the device is the stage that needs the most. With recomputation the cuts are
-the plain model's (a recomputed model is cut between blocks only: close, not equal).
+activations of its own layers for one micro-batch (data.batch_size / runtime.microbatches
+examples; grad-accum groups run one after another) times the micro-batches the stage holds at
+once under `runtime.pipeline_schedule` (`pipeline_schedule.max_in_flight`: all M under gpipe,
+min(S - s, M) on stage s under 1f1b); the device is the stage that needs the most. With
+recomputation the cuts are the plain model's (a recomputed model is cut between blocks only:
+close, not equal).
 
 The model is built for its shapes only (in a `tf.Graph`, where variables take no memory), so
 a config of billions of parameters plans in seconds. When it does not fit, `suggest` re-plans
@@ -43,7 +46,7 @@ from tftrain.models.flops import ATTENTION_LAYERS
 from tftrain.rules import hardware
 from tftrain.models.recompute import BLOCK_NAME
 from tftrain.rules.report import ADVICE, ERROR, OK, Finding, Target
-from tftrain.runtime import dtensor_layouts
+from tftrain.runtime import dtensor_layouts, pipeline_schedule
 
 FAMILY = "memory"
 GIB = 1 << 30
@@ -87,7 +90,9 @@ class Plan:
     activations_without_remat: int
     remat: bool
     suggestions: list = dataclasses.field(default_factory=list)
-    stages: list = dataclasses.field(default_factory=list)  # per stage: its parts (pipeline)
+    # pipeline: per stage its parts, "bytes", "schedule" and "microbatches_in_flight"
+    stages: list = dataclasses.field(default_factory=list)
+    in_flight: int = 0  # pipeline: the micro-batches the device's stage holds at once
 
     @property
     def bytes_per_device(self) -> int:
@@ -224,19 +229,27 @@ def plan(shapes: ModelShapes, config, target: Target, policy: str,
     remat = bool(config.model.params.get("remat"))
     name = (f"a {target.tpu_type or 'TPU'} {target.replica_word}" if target.kind == "tpu" else
             f"a {gpu_type or DEFAULT_GPU} GPU" if target.kind == "gpu" else "this host's memory")
-    if shapes.stages:  # every micro-batch of the step is kept by each stage until its backward
-        micro, element = config.data.batch_size, (2 if mixed else 4) * 2 * config.data.batch_size
+    if shapes.stages:  # each stage keeps its micro-batches in flight, as the schedule runs them
+        kind, microbatches = config.runtime.pipeline_schedule, config.runtime.microbatches
+        count = len(shapes.stages)
+        in_flight = pipeline_schedule.max_in_flight(
+            pipeline_schedule.schedule(kind, count, microbatches), count)
+        micro = max(config.data.batch_size // microbatches, 1)
+        element = (2 if mixed else 4) * 2 * micro
         stages = []
-        for stage in shapes.stages:
+        for stage, held in zip(shapes.stages, in_flight):
             parts = _weight_parts([w for w in shapes.weights if w.path in stage.paths], specs,
                                   dims, config, mixed)
-            parts["activations"] = element * (stage.per_example_recomputed if remat
-                                              else stage.per_example)
-            stages.append(parts)
-        parts = max(stages, key=lambda p: sum(p.values()))
-        without = element * max(stage.per_example for stage in shapes.stages)
+            parts["activations"] = held * element * (stage.per_example_recomputed if remat
+                                                     else stage.per_example)
+            stages.append((parts, held))
+        parts, held = max(stages, key=lambda s: sum(s[0].values()))
+        without = max(h * element * stage.per_example
+                      for stage, h in zip(shapes.stages, in_flight))
         return Plan(name, device_bytes(target, gpu_type), devices, micro, parts, without, remat,
-                    stages=[{**p, "bytes": sum(p.values())} for p in stages])
+                    stages=[{**p, "bytes": sum(p.values()), "schedule": kind,
+                             "microbatches_in_flight": h} for p, h in stages],
+                    in_flight=held)
     parts = _weight_parts(shapes.weights, specs, dims, config, mixed)
     micro = max(config.data.batch_size // replicas, 1)
     element = (2 if mixed else 4) * 2 * micro
@@ -337,7 +350,7 @@ def _changes(config, devices: int) -> list[str]:
                            f"{train.grad_accum_steps * k}")
     if runtime.strategy == "pipeline":  # more stages (devices), each holding less of the model
         changes += [f"runtime.pipeline_stages={runtime.pipeline_stages * k}" for k in (2, 4)]
-        return changes
+        return _schedule_changes(config) + changes
     current = (dtensor_layouts.parse_mesh(runtime.mesh)[dtensor_layouts.MODEL]
                if dtensor else 1)
     for model in (m for m in (2, 4, 8, 16) if current < m <= devices and devices % m == 0):
@@ -345,6 +358,36 @@ def _changes(config, devices: int) -> list[str]:
             changes.append(f"runtime.strategy=dtensor,runtime.mesh='batch:{devices // model},"
                            f"model:{model}'")
     return changes
+
+
+def _schedule_changes(config) -> list[str]:
+    """Pipeline changes that cost no step time, first: 1f1b (at most S - s micro-batches in
+    flight on stage s, where gpipe holds all M) and more, smaller micro-batches (under 1f1b a
+    stage still holds at most S - s of them; the bubble shrinks too)."""
+    runtime, batch = config.runtime, config.data.batch_size
+    changes = [] if runtime.pipeline_schedule == "1f1b" else ["runtime.pipeline_schedule=1f1b"]
+    return changes + [f"runtime.microbatches={runtime.microbatches * k}" for k in (2, 4)
+                      if batch % (runtime.microbatches * k) == 0]
+
+
+def _activations_held(found: Plan) -> str:
+    """'activations of 64 examples', or a pipeline stage's micro-batches in flight."""
+    if not found.stages:
+        return f"activations of {found.micro_batch} examples"
+    each = f"of {found.micro_batch} examples "
+    return f"activations of {_in_flight(found.in_flight, found.stages[0]['schedule'], each)}"
+
+
+def _in_flight(held: int, kind: str, each: str = "") -> str:
+    """'2 micro-batches in flight (1f1b)', with `each` ('of 8 examples ') before 'in flight'."""
+    return f"{held} micro-batch{'es' if held != 1 else ''} {each}in flight ({kind})"
+
+
+def _per_stage(found: Plan) -> str:
+    """'; stage 0: ~1.2 MiB, activations of 2 micro-batches in flight (1f1b) 0.4 MiB; ...'"""
+    return "".join(f"; stage {i}: ~{size(stage['bytes'])}, activations of "
+                   f"{_in_flight(stage['microbatches_in_flight'], stage['schedule'])} "
+                   f"{size(stage['activations'])}" for i, stage in enumerate(found.stages))
 
 
 def check(found: Plan, shapes: ModelShapes) -> Finding:
@@ -356,7 +399,7 @@ def check(found: Plan, shapes: ModelShapes) -> Finding:
             + (f" + compute copies {size(parts['compute_copies'])}"
                if parts["compute_copies"] else "")
             + f" + gradients {size(parts['gradients'])} + optimizer state "
-            f"{size(parts['optimizer_state'])} + activations of {found.micro_batch} examples "
+            f"{size(parts['optimizer_state'])} + {_activations_held(found)} "
             f"{size(parts['activations'])}"
             + (f" (recomputed; {size(found.activations_without_remat)} without)"
                if found.remat else "")
@@ -364,19 +407,20 @@ def check(found: Plan, shapes: ModelShapes) -> Finding:
     if shapes.unknown_layers:
         text += (f"; output sizes unknown for {', '.join(shapes.unknown_layers[:3])} "
                  "(not counted)")
+    stages = _per_stage(found)
     if found.device_bytes is None:
-        return Finding(OK, FAMILY, f"planned {text}")
+        return Finding(OK, FAMILY, f"planned {text}{stages}")
     against = f"{text}, of the {size(found.device_bytes)} of {found.target}"
     fixes = "; ".join(f"--params_override=\"{s['override']}\" "
                       f"(~{size(s['bytes_per_device'])})" for s in found.suggestions)
     if not found.fits:
-        return Finding(ERROR, FAMILY, f"does not fit: {against}",
+        return Finding(ERROR, FAMILY, f"does not fit: {against}{stages}",
                        fixes or "no single change of batch, precision, optimizer, "
                        "recomputation or mesh fits: more devices or a larger device")
     if found.bytes_per_device > TIGHT * found.device_bytes:
         return Finding(ADVICE, FAMILY, f"tight: {against} (workspace and padding come on "
-                       "top)", fixes or "leave room: a smaller data.batch_size")
-    return Finding(OK, FAMILY, f"fits: {against}")
+                       f"top){stages}", fixes or "leave room: a smaller data.batch_size")
+    return Finding(OK, FAMILY, f"fits: {against}{stages}")
 
 
 def size(nbytes: float) -> str:

@@ -38,6 +38,7 @@ from tftrain.callbacks.progress_log import ProgressLog
 from tftrain.callbacks.step_timer import StepTimer
 from tftrain.callbacks.stop_at_step import StopAtStep
 from tftrain.engine.export import export
+from tftrain.errors import ConfigError
 from tftrain.fileio import join, write_atomic
 
 PREEMPTED_EXIT_CODE = preemption.PREEMPTED_EXIT_CODE
@@ -82,7 +83,8 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     # 4. Fit, resuming from model_dir/backup/ when an earlier attempt was interrupted: a
     #    resumed run reads on from the batches the backed-up steps consumed, on the shards it
     #    had until its pass ends (new shards, appended since, from the next: `data.passes`).
-    backup = backup_lib.Backup(backup_dir, config.train.backup_every_steps)
+    backup = backup_lib.Backup(backup_dir, config.train.backup_every_steps,
+                               write_async=backs_up_in_background(config.train, backend))
     if backend.random_state is not None:  # train.deterministic: resumed with the backup
         backup.trackables["random_state"] = backend.random_state
     start_step = backup_lib.steps_done(backup_dir, plan.steps_per_epoch)
@@ -93,11 +95,15 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     callbacks = make_callbacks(config.train, model_dir, plan, backup, timer, sigterm,
                                chief=backend.chief, task=run_.task,
                                requested=unfreeze.requested_by(model), utilization=usage)
-    history = trainer.fit(train_data, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
-                          validation_data=backend.evaluation_data(config, config.data.eval_split,
-                                                                  for_fit=True),
-                          validation_steps=backend.validation_steps(config, run_.dataset),
-                          callbacks=callbacks, verbose=1 if sys.stdout.isatty() else 2)
+    try:
+        history = trainer.fit(train_data, epochs=plan.epochs,
+                              steps_per_epoch=plan.steps_per_epoch,
+                              validation_data=backend.evaluation_data(
+                                  config, config.data.eval_split, for_fit=True),
+                              validation_steps=backend.validation_steps(config, run_.dataset),
+                              callbacks=callbacks, verbose=1 if sys.stdout.isatty() else 2)
+    finally:  # a failed run still leaves its last backup whole
+        backup.wait()
     trained = backend.trained_model(model, trainer, run_.task)  # DTensor: gathered into `model`
     validation = {k[4:]: float(v[-1]) for k, v in history.history.items() if k.startswith("val_")}
     if not validation:  # resumed after the last epoch: nothing was validated in this attempt
@@ -130,12 +136,31 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         utilization=usage.confirmed(rate).summary(rate),
         rollbacks=divergence.rollbacks_of(callbacks),  # by the guard, train.on_nan=rollback
         restarts=launch.restart_summary(),  # restarts by `tftrain launch --max_restarts`
+        backup=backup.stats.summary(),  # count, blocked and writing seconds, bytes
         backend=backend.summary(trainer),  # strategy, replicas, workers, XLA; DTensor's mesh
     ).to_json()
     if backend.chief:
         write_hparams(model_dir, config, summary)
         run_dir.finish(model_dir, summary)
     return summary
+
+
+# Backends whose backups may be written in the background: one process, every variable local.
+# A multi-worker run's non-chief workers write into a temporary directory removed right after
+# the save (a background write would race it); TPU and DTensor variables are untested here.
+ASYNC_BACKUP_BACKENDS = ("one_device", "mirrored", "pipeline")
+
+
+def backs_up_in_background(train_config: config_lib.TrainConfig, backend) -> bool:
+    """Whether `train.async_backup` writes this run's backups in the background; raises
+    ConfigError for `true` on a backend that cannot."""
+    safe = backend.name in ASYNC_BACKUP_BACKENDS and backend.num_workers == 1
+    if train_config.async_backup == "true" and not safe:
+        raise ConfigError(
+            f"train.async_backup=true: a {backend.name} run with {backend.num_workers} "
+            f"worker(s) writes its backups synchronously (background writes are for "
+            f"{', '.join(ASYNC_BACKUP_BACKENDS)} runs in one process): use auto or false")
+    return safe and train_config.async_backup != "false"
 
 
 def bounds_of(train_config: config_lib.TrainConfig) -> dict:
@@ -167,6 +192,7 @@ class RunSummary:
     utilization: dict  # model_flops_per_example, achieved/peak FLOP/s, mfu (engine.utilization)
     rollbacks: int
     restarts: dict  # `restarts` and `restart_causes` (runtime.launch)
+    backup: dict  # async, count, blocked_seconds, write_seconds, bytes (callbacks.backup)
     backend: dict  # strategy, num_replicas, num_workers, jit_compile (+ DTensor's mesh)
 
     def to_json(self) -> dict:
