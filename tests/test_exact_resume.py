@@ -158,6 +158,16 @@ def _kill_after_backup(run: Running, model_dir, ids_file, min_lines: int, victim
     raise AssertionError("no backup and progress within the bound:\n" + run.tail())
 
 
+def _same_run(ids: dict, dumps: dict, interrupted: dict, kept: int, replay: str) -> float:
+    """Checks that the interrupted and resumed attempts read the reference run's batches;
+    returns the largest weight difference between the resumed run and the reference."""
+    everything = read_ids(ids["resumed"])
+    resumed = {r: lines[len(interrupted[r]):] for r, lines in everything.items()}
+    check_same_batches(read_ids(ids["reference"]), interrupted, resumed, kept, replay)
+    return max(float(np.max(np.abs(a - b))) for a, b in
+               zip(_weights(dumps["reference"]), _weights(dumps["resumed"])))
+
+
 def _weights(dump_dir, name="worker-0.npz") -> list:
     with np.load(os.path.join(dump_dir, name)) as npz:
         return [npz[key] for key in npz.files]
@@ -228,11 +238,7 @@ def test_sigkill_at_a_random_step_then_the_same_command(tmp_path, id_data, devic
 
     kept = steps_before(summary, STEPS_PER_EPOCH)
     assert 0 < kept < 2 * STEPS_PER_EPOCH and summary["steps"] == 2 * STEPS_PER_EPOCH, replay
-    everything = read_ids(ids["resumed"])
-    resumed = {r: lines[len(interrupted[r]):] for r, lines in everything.items()}
-    check_same_batches(read_ids(ids["reference"]), interrupted, resumed, kept, replay)
-    difference = max(float(np.max(np.abs(a - b))) for a, b in
-                     zip(_weights(dumps["reference"]), _weights(dumps["resumed"])))
+    difference = _same_run(ids, dumps, interrupted, kept, replay)
     print(f"\n{devices} device(s): killed after {len(interrupted[0])} steps, resumed at step "
           f"{kept}; max |weight difference| vs. the uninterrupted run: {difference:.3g}")
     assert difference <= 1e-6, replay
@@ -297,11 +303,7 @@ def test_sigkill_during_a_background_backup_write_then_the_same_command(
     assert 0 < kept <= len(interrupted[0]), (replay, kept)
     _train_in_process(tmp_path / "reference", overrides(id_data, ids["reference"], **extra),
                       monkeypatch, dumps["reference"])
-    everything = read_ids(ids["resumed"])
-    resumed = {r: lines[len(interrupted[r]):] for r, lines in everything.items()}
-    check_same_batches(read_ids(ids["reference"]), interrupted, resumed, kept, replay)
-    difference = max(float(np.max(np.abs(a - b))) for a, b in
-                     zip(_weights(dumps["reference"]), _weights(dumps["resumed"])))
+    difference = _same_run(ids, dumps, interrupted, kept, replay)
     print(f"\n{replay}; resumed at step {kept} with {partial} left unfinished; max |weight "
           f"difference| vs. the uninterrupted run: {difference:.3g}")
     assert difference <= 1e-6, replay
