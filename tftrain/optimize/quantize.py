@@ -22,6 +22,27 @@ from tftrain.optimize.keras_model import check_tf_keras, clone_float32, is_mixed
 
 MODES = ("dynamic", "int8", "float16", "qat")
 _CONVERSIONS = ("float",) + MODES
+# LiteRT's flatbuffer cannot exceed 2 GiB (tensorflow#60570, #61995); a .tflite holds about
+# this many bytes per weight in each conversion.
+FLATBUFFER_LIMIT = 2 * 2**30
+BYTES_PER_WEIGHT = {"float": 4, "float16": 2, "dynamic": 1, "int8": 1, "qat": 1}
+
+
+def check_flatbuffer_sizes(parameters: int) -> None:
+    """Raises ConfigError, before any conversion, when the float .tflite of `parameters`
+    weights (the reference every mode is measured against, and the largest conversion) would
+    exceed LiteRT's flatbuffer limit."""
+    def gib(mode: str) -> str:
+        return f"~{parameters * BYTES_PER_WEIGHT[mode] / 2**30:.2f} GiB"
+
+    if parameters * BYTES_PER_WEIGHT["float"] > FLATBUFFER_LIMIT:
+        raise ConfigError(
+            f"the model's {parameters:,} weights make a float .tflite of {gib('float')}, over "
+            f"LiteRT's {FLATBUFFER_LIMIT / 2**30:g} GiB flatbuffer limit, and tftrain quantize "
+            f"measures every quantized model against that float reference: models over "
+            f"{FLATBUFFER_LIMIT // BYTES_PER_WEIGHT['float']:,} weights cannot be quantized by "
+            f"it yet (float16 weights would be {gib('float16')}, int8 {gib('dynamic')}); "
+            "measure the export with `tftrain evaluate --steps=N` instead")
 
 
 def check_mode(mode: str) -> str:

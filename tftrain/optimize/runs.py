@@ -402,6 +402,7 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
     with run_dir.lock(model_dir, "tftrain quantize", cluster.is_chief(strategy)):
         split, eval_data = _eval_data(config, split, options.eval_steps)
         model = load_keras_model(path, allow_python=allow_python)
+        quantize.check_flatbuffer_sizes(model.count_params())
         run_dir.mark_output(out)
         float_name = report.model_name("float", source)
         measured = {float_name: _tflite_measure(
