@@ -3,6 +3,8 @@ with M micro-batches.
 
     .venv/bin/python bench/pipeline.py [--width=256] [--num_layers=8] [--sequence_length=128]
                                        [--batch_size=32] [--steps=5]
+    .venv/bin/python bench/pipeline.py --schedules [--width=128] [--num_layers=4]
+                                       [--sequence_length=512] [--microbatch_size=4]
 
 The same `transformer_lm` (tftrain's builder, Adam, float32) trains `--steps` steps on random
 token ids after one warm-up step: once as one model on one device, then cut into stages by
@@ -12,6 +14,13 @@ virtual CPU devices that share this machine's cores, so the table shows the sche
 (more, smaller ops; the bubble) and how the model's bytes split, not a speed-up: run the same
 command on a host with S GPUs (it uses them when present) to measure the overlap, and compare
 the step time with the bubble fraction (S-1)/(M+S-1). Prints the CPU and the table.
+
+`--schedules`: 2 stages under `gpipe` and `1f1b` (`runtime.pipeline_schedule`) at 4, 8 and 16
+micro-batches of `--microbatch_size` windows each (the batch grows with the count), on an
+activation-heavy model (long windows). Besides the step time, the peak resident memory of the
+process during the timed steps (the kernel's high-water mark, reset after the warm-up step:
+weights, optimizer state and the TensorFlow runtime are in it, and the activations the schedule
+holds): under 1f1b it should stay flat as the count grows, under gpipe it grows with it.
 """
 from __future__ import annotations
 
@@ -45,18 +54,24 @@ model = models.build_model("transformer_lm", params, (length,), vocab,
                            {"vocab_size": vocab, "sequence_length": length})
 if stages > 1:
     parts = pipeline_stages.build(model, pipeline_stages.plan(model, stages), devices)
-    model = pipeline_model.PipelineModel(parts, devices, microbatches)
+    model = pipeline_model.PipelineModel(parts, devices, microbatches,
+                                         schedule=args.get("schedule", "1f1b"))
 model.compile(keras.optimizers.Adam(1e-4),
               keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 ids = tf.constant(np.random.default_rng(0).integers(1, vocab, (args["batch_size"], length)),
                   tf.int32)
 model.train_on_batch(ids, ids)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # resets the peak resident memory (VmHWM): the timed steps' own peak below
 started = time.perf_counter()
 for _ in range(args["steps"]):
     loss = model.train_on_batch(ids, ids)
 seconds = (time.perf_counter() - started) / args["steps"]
 held = run_memory.bytes_by_device(model.weights + run_memory.optimizer_state(model.optimizer))
+with open("/proc/self/status") as f:
+    peak = int(next(l for l in f if l.startswith("VmHWM:")).split()[1]) * 1024
 print("RESULT " + json.dumps({"seconds_per_step": seconds, "loss": float(np.ravel(loss)[0]),
+                              "peak_bytes": peak,
                               "largest_device_bytes": max(held.values()),
                               "total_bytes": sum(held.values())}))
 '''
@@ -67,14 +82,42 @@ def run(args: dict) -> dict:
     return run_child(CHILD, args)
 
 
+def schedules(args: dict) -> None:
+    """The schedules' table: 2 stages, gpipe and 1f1b at 4, 8, 16 micro-batches."""
+    rows = []
+    for micro in (4, 8, 16):
+        for schedule in ("gpipe", "1f1b"):
+            r = run({**args, "stages": 2, "microbatches": micro, "schedule": schedule,
+                     "batch_size": micro * args["microbatch_size"]})
+            rows.append([schedule, micro, micro * args["microbatch_size"],
+                         f"{r['seconds_per_step']:.3f}", f"{r['peak_bytes'] / 2**20:,.0f}",
+                         f"{r['loss']:.4f}"])
+            print("   ", rows[-1], flush=True)
+    print(f"transformer_lm width {args['width']}, {args['num_layers']} blocks, sequence "
+          f"{args['sequence_length']}, micro-batches of {args['microbatch_size']} windows, "
+          "2 stages on virtual CPU devices, Adam, float32")
+    print(markdown_table(["schedule", "micro-batches", "batch", "s/step",
+                          "peak MiB during the steps", "loss"], rows))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    for name, default in (("width", 256), ("num_layers", 8), ("num_heads", 4),
-                          ("mlp_width", 1024), ("sequence_length", 128), ("batch_size", 32),
-                          ("steps", 5)):
+    parser.add_argument("--schedules", action="store_true")
+    for name, default in (("width", None), ("num_layers", None), ("num_heads", 4),
+                          ("mlp_width", None), ("sequence_length", None), ("batch_size", 32),
+                          ("microbatch_size", 4), ("steps", 5)):
         parser.add_argument(f"--{name}", type=int, default=default)
     args = vars(parser.parse_args())
+    # the stage table's model, or the schedules' activation-heavy one (long windows)
+    for name, (stage_default, schedule_default) in {
+            "width": (256, 128), "num_layers": (8, 4), "mlp_width": (1024, 512),
+            "sequence_length": (128, 512)}.items():
+        if args[name] is None:
+            args[name] = schedule_default if args["schedules"] else stage_default
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores", flush=True)
+    if args.pop("schedules"):
+        schedules(args)
+        return
     settings = [(1, 1), (2, 1), (2, 4), (2, 8), (4, 8)]
     results = {s: run({**args, "stages": s[0], "microbatches": s[1]}) for s in settings}
     one = results[(1, 1)]

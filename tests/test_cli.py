@@ -134,3 +134,22 @@ def test_every_command_module_imports_beside_the_others(order):
     result = subprocess.run([PYTHON, "-c", probe], cwd=REPO, capture_output=True, text=True,
                             timeout=120)
     assert result.stdout.strip() == "imported", result.stderr[-2000:]
+
+
+def test_an_unexpected_error_is_one_line_and_its_traceback_comes_with_v(monkeypatch, capsys):
+    """An error tftrain does not know (a bug, here or in a library) ends in one line naming it
+    and where it was raised, exit 1; `-v 1` shows the traceback for a report."""
+    from tests.conftest import run_cli
+    from tftrain.cli import inspect as inspect_command
+
+    def broken(argv):
+        raise KeyError("a node the writer did not know")
+
+    monkeypatch.setattr(inspect_command, "main", broken)
+    assert run_cli("inspect", "--data=x") == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert "unexpected KeyError: 'a node the writer did not know' (raised in test_cli.py:" in err
+    assert "-v 1 for the traceback" in err
+    with pytest.raises(KeyError):
+        run_cli("inspect", "--data=x", "-v", "1")

@@ -280,7 +280,9 @@ def test_sigkill_during_a_background_backup_write_then_the_same_command(
     while a backup's files are being written, after a random step; the same command resumes
     from the backup before it (the half-written one never became current) and ends with the
     uninterrupted run's batches and weights (within 1e-6)."""
-    extra = {"train.deterministic": "true", "width": WIDE}
+    # Backups every 9 steps: one after the epoch's last step (18), still being written when
+    # the first validation begins (the model's object graph must not change during a write).
+    extra = {"train.deterministic": "true", "width": WIDE, "train.backup_every_steps": 9}
     dumps = {name: tmp_path / f"weights-{name}" for name in ("reference", "resumed")}
     ids = {name: tmp_path / f"ids-{name}" for name in ("reference", "resumed")}
     for path in ids.values():

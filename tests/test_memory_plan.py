@@ -176,3 +176,15 @@ def test_when_1f1b_alone_is_not_enough_the_advice_adds_more_micro_batches(text_l
                            target, "float32", "t4").fits
     assert memory.plan(shapes, _text_lm_pipeline(f"{batch},{first}"), target, "float32",
                        "t4").fits
+
+
+def test_a_replica_of_a_pipeline_is_planned_with_its_share_of_the_batch(text_lm_stages):
+    """runtime.pipeline_replicas=R: each copy of a stage runs batch / (M x R) examples per
+    micro-batch, so a device holds 1/R of the activations of one pipeline over the batch."""
+    from tftrain.check import memory
+    from tftrain.rules.report import Target
+
+    one, two = (memory.plan(text_lm_stages, _text_lm_pipeline(f"runtime.pipeline_replicas={r}"),
+                            Target("gpu", 1), "float32") for r in (1, 2))
+    assert two.micro_batch * 2 == one.micro_batch == 8
+    assert two.parts["activations"] * 2 == one.parts["activations"] > 0

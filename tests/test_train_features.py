@@ -241,3 +241,26 @@ def test_async_backup_is_on_for_one_process_runs_and_refused_where_it_cannot_be(
             backs_up_in_background(setting("true"), backend)
     with pytest.raises(ConfigError, match="train.async_backup='maybe' is not one of auto"):
         setting("maybe")
+
+
+def test_the_models_object_graph_does_not_change_while_backups_are_written(
+        tmp_path, digits_dir, monkeypatch):
+    """A background write walks the model's object graph while training goes on: it must hold
+    the same objects from the first backup to the end of training (the first validation made
+    the model's test function, a new node, and broke a write in flight at 300M parameters)."""
+    counts = []
+
+    class CountObjects(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if not counts:  # the first step's backup is written
+                counts.append(len(tf.train.TrackableView(self.model).descendants()))
+
+        def on_train_end(self, logs=None):
+            counts.append(len(tf.train.TrackableView(self.model).descendants()))
+
+    make_callbacks = train.make_callbacks
+    monkeypatch.setattr(train, "make_callbacks",
+                        lambda *a, **k: make_callbacks(*a, **k) + [CountObjects()])
+    summary = train.train(_config(digits_dir, "train.backup_every_steps=1"), str(tmp_path / "r"))
+    assert summary["backup"]["async"] and summary["backup"]["count"] >= 12, summary["backup"]
+    assert len(counts) == 2 and counts[0] == counts[1], counts

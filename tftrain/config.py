@@ -230,11 +230,14 @@ def validate(config: Config) -> None:
 
 
 def check_pipeline(runtime, batch_size: int) -> None:
-    """The pipeline keys: at least two stages, a batch that splits into the micro-batches, no
-    whole-step XLA (it would put every stage on one device)."""
+    """The pipeline keys: at least two stages, a batch that splits into the replicas'
+    micro-batches, no whole-step XLA (it would put every stage on one device)."""
     if runtime.strategy != "pipeline":
         if runtime.stage_rules:
             raise ConfigError(f"runtime.stage_rules={runtime.stage_rules!r} cuts a model into "
+                              "pipeline stages: it needs runtime.strategy=pipeline")
+        if runtime.pipeline_replicas != 1:
+            raise ConfigError(f"runtime.pipeline_replicas={runtime.pipeline_replicas} copies "
                               "pipeline stages: it needs runtime.strategy=pipeline")
         return
     if runtime.pipeline_stages < 2:
@@ -242,9 +245,16 @@ def check_pipeline(runtime, batch_size: int) -> None:
                           f"{runtime.pipeline_stages} (one stage is runtime.strategy=one_device)")
     if runtime.microbatches < 1:
         raise ConfigError(f"runtime.microbatches must be >= 1, got {runtime.microbatches}")
-    if batch_size % runtime.microbatches:
-        raise ConfigError(f"data.batch_size={batch_size} must split into runtime.microbatches="
-                          f"{runtime.microbatches} equal micro-batches: make it a multiple")
+    if runtime.pipeline_replicas < 1:
+        raise ConfigError("runtime.pipeline_replicas must be >= 1, got "
+                          f"{runtime.pipeline_replicas}")
+    parts = runtime.pipeline_replicas * runtime.microbatches
+    if batch_size % parts:
+        split = f"runtime.microbatches={runtime.microbatches}"
+        if runtime.pipeline_replicas > 1:
+            split = f"runtime.pipeline_replicas={runtime.pipeline_replicas} x {split} = {parts}"
+        raise ConfigError(f"data.batch_size={batch_size} must split into {split} equal "
+                          f"micro-batches: make it a multiple of {parts}")
     if runtime.jit_compile == "true":
         raise ConfigError("runtime.jit_compile=true compiles a whole step for one device, and "
                           "runtime.strategy=pipeline places each stage on its own: use "

@@ -162,6 +162,9 @@ class RuntimeConfig:
     # with 4 micro-batches (gpipe: 1413) and 1126 with 16 (gpipe: 1565), and its steps took
     # as long as gpipe's (docs/guides/pipeline-stages.md#the-schedule).
     pipeline_schedule: str = "1f1b"
+    # Data-parallel copies of the whole pipeline on this host (S x R devices: stage s of replica
+    # r on device r*S + s), each stage's gradients averaged over its R copies every step
+    pipeline_replicas: int = 1
     stage_rules: str = ""
     tpu_timeout: int = 60  # seconds to connect to and initialize the TPU before giving up
     jit_compile: str = "auto"  # XLA-compile the steps: true | false | auto (GPUs; TPUs always do)
@@ -444,6 +447,10 @@ KEY_DOCS = {
                                  "most `pipeline_stages` micro-batches' activations held per "
                                  "stage) or `gpipe` (all forwards, then all backwards: all "
                                  "`microbatches` held); the same idle share.",
+    "runtime.pipeline_replicas": "`runtime.strategy=pipeline`: data-parallel copies of the "
+                                 "whole pipeline on this host (`pipeline_stages` x "
+                                 "`pipeline_replicas` devices), each on its share of the "
+                                 "batch, every stage's gradients averaged over its copies.",
     "runtime.stage_rules": "`runtime.strategy=pipeline`: the layers after which to cut, "
                            "comma-separated; empty: balanced by parameter bytes.",
     "runtime.tpu_timeout": "Seconds to connect to and initialize the TPU before giving up.",

@@ -21,8 +21,11 @@ counters (`state`, see `callback_state`), and `checks` can refuse to back up a b
 into host memory, and for the previous write if it is still going (at most one in flight); the
 files are written on a background thread, and the checkpoint manager makes a backup the one to
 resume from only once its files are whole, so a kill during a write leaves the previous backup
-current. `wait()` blocks until the write in flight is whole (at the end of training, before a
-rollback, after a SIGTERM's backup). `stats` (summary.json["backup"]) counts the backups, the
+current. The writer walks the model's object graph while training goes on, so that graph must
+not change during a write: the model's test and predict functions are made before the first
+backup, and `wait()` blocks until the write in flight is whole at each epoch's end (before
+the next epoch's callbacks may recompile the model), at the end of training, before a rollback
+and after a SIGTERM's backup. The step backups are the ones written while training goes on. `stats` (summary.json["backup"]) counts the backups, the
 seconds the steps were blocked, the seconds of writing and the bytes written.
 """
 from __future__ import annotations
@@ -88,6 +91,12 @@ class Backup(keras.callbacks.BackupAndRestore):
         self._next_number = 1
 
     def on_train_begin(self, logs=None):
+        if self.write_async:
+            # The model's test and predict functions, made now: made by the first validation
+            # while a write in the background walks the model's object graph, the new node
+            # breaks that write (a KeyError from TensorFlow's writer thread, seen at 300M).
+            self.model.make_test_function()
+            self.model.make_predict_function()
         super().on_train_begin(logs)
         if self.state is not None:
             self.trackables["callback_state"] = self.state.trackable
@@ -145,6 +154,8 @@ class Backup(keras.callbacks.BackupAndRestore):
         if steps:
             self._training_state._ckpt_saved_batch.assign(steps - 1)
         self.back_up_now()
+        self.wait()  # whole before the next epoch's callbacks may change the model
+
 
     def back_up_now(self) -> None:
         """Writes the backup of the current state (epoch and last finished step), with the

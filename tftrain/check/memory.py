@@ -234,7 +234,8 @@ def plan(shapes: ModelShapes, config, target: Target, policy: str,
         count = len(shapes.stages)
         in_flight = pipeline_schedule.max_in_flight(
             pipeline_schedule.schedule(kind, count, microbatches), count)
-        micro = max(config.data.batch_size // microbatches, 1)
+        replicas = config.runtime.pipeline_replicas  # each copy runs its share of the batch
+        micro = max(config.data.batch_size // (microbatches * replicas), 1)
         element = (2 if mixed else 4) * 2 * micro
         stages = []
         for stage, held in zip(shapes.stages, in_flight):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import errno
 import importlib
+import os
 import re
 import sys
 
@@ -136,7 +137,9 @@ def _guarded(name: str, module):
                        else damaged_record_message(e) or content_error_message(e)
                        or system_error_message(name, e))
             if message is None:
-                raise
+                if flags.FLAGS["verbosity"].present:  # -v: the traceback, for a bug report
+                    raise
+                message = unexpected_error_message(e)
             print(f"{PROG} {name}: error: {message}", file=sys.stderr)
             return 1
 
@@ -144,6 +147,19 @@ def _guarded(name: str, module):
 
 
 MAX_LINE = 2000  # characters of one error line: a message may quote a value from the input
+
+
+def unexpected_error_message(error: BaseException) -> str:
+    """One line for an error tftrain does not know (a bug here or in a library): what, where
+    it was raised, and how to get the traceback."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    where = (f" (raised in {os.path.basename(frames[-1].filename)}:{frames[-1].lineno})"
+             if frames else "")
+    text = " ".join(str(error).split())[:300]
+    return (f"unexpected {type(error).__name__}: {text}{where}; rerun the same command with "
+            "-v 1 for the traceback, and report it")
 
 
 def shortened(message: str) -> str:

@@ -1,12 +1,14 @@
 """The pipeline backend (`runtime.strategy=pipeline`): the model's layers cut into stages, one
 device each, trained with micro-batches in the order of `runtime.pipeline_schedule`
-(`runtime.pipeline_model`, `runtime.pipeline_schedule`).
+(`runtime.pipeline_model`, `runtime.pipeline_schedule`); `runtime.pipeline_replicas` copies of
+the whole pipeline on this host, trained data-parallel.
 
 Everything but the model is the one-device story (`StrategyBackend` on the default strategy):
 seeds, precision, the input pipeline, evaluation data, the export directory. The ordinary
 model is built first (its layers decide the cuts, and it is what gets exported); the stages are
 rebuilt from its layers on their devices and start from its weights; after `fit` their weights
-are gathered back into it, and it is evaluated and exported like any other run's.
+are gathered back into it (replica 0's: every copy holds the same weights), and it is
+evaluated and exported like any other run's.
 """
 from __future__ import annotations
 
@@ -23,13 +25,14 @@ from tftrain.training import optimizers
 
 class PipelineBackend(backends.StrategyBackend):
     """Stages on `runtime.pipeline_stages` devices, `runtime.microbatches` per step, run in
-    the order of `runtime.pipeline_schedule`."""
+    the order of `runtime.pipeline_schedule`; `runtime.pipeline_replicas` copies of them."""
 
     def __init__(self, config: config_lib.Config):
         pipeline_schedule.check(config.runtime.pipeline_schedule)
         self.devices = pipeline_stages.devices(config.runtime)
         super().__init__(config, tf.distribute.get_strategy(), jit_compile=False)
         self.name = "pipeline"
+        self.num_replicas = config.runtime.pipeline_replicas  # data-parallel copies
         self.device_type = "GPU" if "GPU" in self.devices[0] else "CPU"
         self.num_devices = len(self.devices)
         self._stages: list = []
@@ -45,14 +48,15 @@ class PipelineBackend(backends.StrategyBackend):
         self._plan = pipeline_stages.plan(model, config.runtime.pipeline_stages,
                                           config.runtime.stage_rules)
         self._stages = pipeline_stages.build(model, self._plan, self.devices)
-        for index, (stage, device) in enumerate(zip(self._plan, self.devices)):
-            logging.info("stage %d on %s: %d layers (%s .. %s), %s parameters", index, device,
-                         len(stage.layers), stage.layers[0], stage.layers[-1],
-                         f"{stage.parameters:,}")
+        count = len(self._plan)
+        for index, stage in enumerate(self._plan):
+            logging.info("stage %d on %s: %d layers (%s .. %s), %s parameters", index,
+                         ", ".join(self.devices[index::count]), len(stage.layers),
+                         stage.layers[0], stage.layers[-1], f"{stage.parameters:,}")
         trainer = pipeline_model.PipelineModel(
             self._stages, self.devices, config.runtime.microbatches,
             config.train.grad_accum_steps, config.runtime.pipeline_schedule,
-            name=f"{model.name}_pipeline")
+            replicas=self.num_replicas, name=f"{model.name}_pipeline")
         trainer.compile(optimizer=optimizers.make_optimizer(config.train, plan.schedule_epoch_steps,
                                                             plan.total_steps),
                         loss=task.loss(), metrics=task.metrics(), jit_compile=False,
@@ -64,16 +68,18 @@ class PipelineBackend(backends.StrategyBackend):
         return model, trainer
 
     def trained_model(self, model: keras.Model, trainer: keras.Model, task) -> keras.Model:
-        """The ordinary model with the stages' trained weights gathered into it, compiled with
-        the task's loss and metrics."""
-        pipeline_stages.gather(self._stages, model)
-        logging.info("gathered the %d stages' weights into the ordinary model", len(self._stages))
+        """The ordinary model with the stages' trained weights (replica 0's) gathered into
+        it, compiled with the task's loss and metrics."""
+        stages, _ = trainer.replica(0)
+        pipeline_stages.gather(stages, model)
+        logging.info("gathered the %d stages' weights into the ordinary model", len(stages))
         model.compile(loss=task.loss(), metrics=task.metrics())
         return model
 
     def summary(self, trainer: keras.Model) -> dict:
-        """The backend's part of `summary.json`: each stage's device, layers and bytes; the
-        schedule, its bubble and the most micro-batches each stage held at once."""
+        """The backend's part of `summary.json`: each stage's device (replica 0's), layers and
+        bytes; the schedule, its bubble and the most micro-batches each stage held at once;
+        the replicas and the devices of each one's stages."""
         optimizer = run_memory.bytes_by_device(run_memory.optimizer_state(trainer.optimizer))
         stages = []
         for stage, model, device in zip(self._plan, self._stages, self.devices):
@@ -86,8 +92,12 @@ class PipelineBackend(backends.StrategyBackend):
                                      "optimizer": sum(optimizer.get(d, 0) for d in placed)}})
         microbatches, kind = trainer.microbatches, trainer.schedule
         actions = pipeline_schedule.schedule(kind, len(stages), microbatches)
-        return {"strategy": "pipeline", "num_replicas": 1, "num_workers": 1, "jit_compile": False,
-                "pipeline": {"stages": stages, "microbatches": microbatches, "schedule": kind,
+        replicas = [trainer.replica(r)[1] for r in range(trainer.replicas)]
+        return {"strategy": "pipeline", "num_replicas": trainer.replicas, "num_workers": 1,
+                "jit_compile": False,
+                "pipeline": {"stages": stages, "replicas": trainer.replicas,
+                             "replica_devices": replicas,
+                             "microbatches": microbatches, "schedule": kind,
                              "bubble_fraction": round(pipeline_schedule.bubble_fraction(
                                  kind, len(stages), microbatches), 4),
                              "max_in_flight": pipeline_schedule.max_in_flight(actions,

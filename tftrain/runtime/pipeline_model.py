@@ -14,6 +14,17 @@ micro-batch order under both schedules) and their mean applied once, so a step i
 over the whole batch (a loss that averages over the batch gives the one-device gradient;
 BatchNormalization sees micro-batch statistics, as in GPipe).
 
+`replicas` = R > 1 (`runtime.pipeline_replicas`) trains R copies of the pipeline side by side,
+replica r's stage s on device r * S + s: each group's batch is split into R consecutive slices,
+replica r runs the schedule on slice r, and each stage's gradient sums are averaged over its R
+copies (all-reduced: added on replica 0's device of that stage, divided by R x M, copied to the
+other copies' devices); one `apply_gradients` then applies the same averaged gradient to every
+copy, whose optimizer slots start equal and see equal gradients, so the copies stay equal
+(BatchNormalization's moving statistics, updated by each copy from its own slice, are set to
+their mean over the copies after the update). The step is one update over the whole batch, as
+with one replica. On GPUs a NCCL all-reduce among the R devices of a stage would avoid sending
+every copy's sums through one device; the explicit sum is what runs on either.
+
 `train.grad_accum_steps` = k runs k such pipelined groups in a `tf.while_loop` and applies
 once (the input batches `k * data.batch_size`). Under `mixed_float16` the loss is scaled
 before the backward pass and the gradients unscaled before they are applied
@@ -22,6 +33,7 @@ before the backward pass and the gradients unscaled before they are applied
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import tensorflow as tf
@@ -45,32 +57,58 @@ class _MicroBatch:
         self.targets, self.outputs = [None] * stages, [None] * stages
 
 
+def _slice(structure, index, size):
+    """Examples `index * size` to `(index + 1) * size` of every tensor of a batch structure
+    (None stays None)."""
+    if structure is None:
+        return None
+    return tf.nest.map_structure(lambda t: t[index * size:(index + 1) * size], structure)
+
+
 class PipelineModel(keras.Model):
-    """`stages` (functional models) chained on `devices`, trained with micro-batches."""
+    """`stages` (functional models) chained on `devices`, trained with micro-batches. With
+    `replicas` = R, `stages` and `devices` hold R copies of the pipeline one after another
+    (replica r's stage s at r * S + s), trained data-parallel; `call` runs replica 0's."""
 
     def __init__(self, stages, devices, microbatches: int, groups: int = 1,
-                 schedule: str = "1f1b", **kwargs):
+                 schedule: str = "1f1b", replicas: int = 1, **kwargs):
         super().__init__(**kwargs)
         pipeline_schedule.check(schedule)
+        if len(stages) % replicas or len(devices) != len(stages):
+            raise ValueError(f"{len(stages)} stages on {len(devices)} devices are not "
+                             f"{replicas} equal copies of a pipeline")
         self.stages = list(stages)
         self.devices = list(devices)
         self.microbatches = microbatches
         self.groups = groups
         self.schedule = schedule
+        self.replicas = replicas
+
+    def replica(self, index: int) -> tuple[list, list]:
+        """Replica `index`'s stages and their devices."""
+        count = len(self.stages) // self.replicas
+        part = slice(index * count, (index + 1) * count)
+        return self.stages[part], self.devices[part]
+
+    def copies(self, index: int) -> list[tuple]:
+        """Stage `index`'s copies, one per replica in replica order, with their devices."""
+        count = len(self.stages) // self.replicas
+        return list(zip(self.stages[index::count], self.devices[index::count]))
 
     def call(self, inputs, training=None):
         x = inputs
-        for stage, device in zip(self.stages, self.devices):
+        for stage, device in zip(*self.replica(0)):
             with tf.device(device):
                 x = stage(x, training=training)
         return x
 
-    def _forward(self, index: int, micro: _MicroBatch, batch) -> list:
-        """Stage `index`'s forward pass of one micro-batch of `batch` (x, y, sample_weight),
-        under its own tape. Keeps in `micro` the tape, the floating inputs it watched, what its
-        backward pass differentiates (its floating outputs, then its regularization; the last
-        stage: the scaled loss) and its output; returns the tensors that end the pass."""
-        stage, last = self.stages[index], index == len(self.stages) - 1
+    def _forward(self, stages, index: int, micro: _MicroBatch, batch) -> list:
+        """Stage `index` (of one replica's `stages`)'s forward pass of one micro-batch of
+        `batch` (x, y, sample_weight), under its own tape. Keeps in `micro` the tape, the
+        floating inputs it watched, what its backward pass differentiates (its floating
+        outputs, then its regularization; the last stage: the scaled loss) and its output;
+        returns the tensors that end the pass."""
+        stage, last = stages[index], index == len(stages) - 1
         x = micro.outputs[index - 1] if index else micro.take(batch[0])
         with tf.GradientTape() as tape:
             floats = [t for t in tf.nest.flatten(x) if t.dtype.is_floating]
@@ -92,13 +130,13 @@ class PipelineModel(keras.Model):
         micro.targets[index], micro.outputs[index] = differentiated, out
         return differentiated
 
-    def _backward(self, index: int, micro: _MicroBatch, sums: list) -> list:
-        """Stage `index`'s backward pass of one micro-batch: its weights' gradients added into
-        `sums[index]`, its inputs' gradients left in `micro.upstream` for the stage before;
-        returns the tensors that end the pass."""
-        stage, targets, watched = self.stages[index], micro.targets[index], micro.watched[index]
+    def _backward(self, stages, index: int, micro: _MicroBatch, sums: list) -> list:
+        """Stage `index` (of one replica's `stages`)'s backward pass of one micro-batch: its
+        weights' gradients added into `sums[index]`, its inputs' gradients left in
+        `micro.upstream` for the stage before; returns the tensors that end the pass."""
+        stage, targets, watched = stages[index], micro.targets[index], micro.watched[index]
         seeds = None
-        if index < len(self.stages) - 1:  # the loss's gradient w.r.t. the next stage's inputs
+        if index < len(stages) - 1:  # the loss's gradient w.r.t. the next stage's inputs
             seeds = micro.upstream + ([tf.ones_like(targets[-1])] if stage.losses else [])
         variables = stage.trainable_variables
         grads = micro.tapes[index].gradient(targets, variables + watched, output_gradients=seeds)
@@ -109,79 +147,104 @@ class PipelineModel(keras.Model):
                           for t, g in zip(watched, grads[len(variables):])]
         return list(sums[index]) + micro.upstream
 
-    def _group(self, x, y, sample_weight, sums):
-        """One pipelined group: every stage's forward and backward of every micro-batch, in
-        the schedule's order; the sums grown.
+    def _pipeline(self, replica: int, x, y, sample_weight, sums):
+        """Replica `replica`'s pipeline on (x, y, sample_weight): every stage's forward and
+        backward of every micro-batch, in the schedule's order; its `sums` grown.
 
         Each pass runs under a control dependency on its stage's previous pass: without it
         the executor may run every forward before any backward (or in any other order their
         inputs allow), and a stage would hold more activations than the schedule says."""
+        stages, devices = self.replica(replica)
         size = tf.shape(tf.nest.flatten(x)[0])[0] // self.microbatches
-        count = len(self.stages)
-
-        def slicer(m):
-            def take(structure):
-                if structure is None:
-                    return None
-                return tf.nest.map_structure(lambda t: t[m * size:(m + 1) * size], structure)
-            return take
-
-        micro = [_MicroBatch(slicer(m), count) for m in range(self.microbatches)]
-        previous = [[] for _ in range(count)]  # per stage: the tensors that ended its last pass
-        for action in pipeline_schedule.schedule(self.schedule, count, self.microbatches):
+        micro = [_MicroBatch(functools.partial(_slice, index=m, size=size), len(stages))
+                 for m in range(self.microbatches)]
+        previous = [[] for _ in stages]  # per stage: the tensors that ended its last pass
+        for action in pipeline_schedule.schedule(self.schedule, len(stages), self.microbatches):
             s = action.stage
-            with tf.device(self.devices[s]), tf.control_dependencies(previous[s]), \
+            with tf.device(devices[s]), tf.control_dependencies(previous[s]), \
                     tf.name_scope(f"stage_{s}_{action.kind}_{action.microbatch}"):
                 if action.kind == pipeline_schedule.FORWARD:
-                    previous[s] = self._forward(s, micro[action.microbatch],
+                    previous[s] = self._forward(stages, s, micro[action.microbatch],
                                                 (x, y, sample_weight))
                 else:
-                    previous[s] = self._backward(s, micro[action.microbatch], sums)
+                    previous[s] = self._backward(stages, s, micro[action.microbatch], sums)
+
+    def _group(self, x, y, sample_weight, sums):
+        """One pipelined group: each replica's pipeline on its consecutive 1/R of the batch,
+        growing its own sums (`sums[replica][stage]`)."""
+        if self.replicas == 1:
+            self._pipeline(0, x, y, sample_weight, sums[0])
+            return sums
+        share = tf.shape(tf.nest.flatten(x)[0])[0] // self.replicas
+        for r in range(self.replicas):
+            with tf.name_scope(f"replica_{r}"):
+                self._pipeline(r, *(_slice(t, r, share) for t in (x, y, sample_weight)),
+                               sums[r])
         return sums
+
+    def _averaged(self, sums, parts: int) -> list:
+        """(gradient, variable) for every copy of every stage: the stage's sums added over its
+        copies on replica 0's device of it and divided by `parts`, then copied to each copy's
+        device, so every copy gets the same gradient."""
+        pairs = []
+        for s in range(len(self.stages) // self.replicas):
+            copies = self.copies(s)
+            with tf.device(copies[0][1]):
+                means = [tf.add_n(list(each)) / parts
+                         for each in zip(*(replica[s] for replica in sums))]
+            for stage, device in copies:
+                with tf.device(device):
+                    pairs += zip([tf.identity(m) for m in means], stage.trainable_variables)
+        return pairs
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        parts = self.microbatches * self.groups
+        parts = self.replicas * self.microbatches * self.groups
         size = tf.shape(tf.nest.flatten(x)[0])[0]
         tf.debugging.assert_equal(size % parts, 0, message=(
-            f"the batch must split into runtime.microbatches x train.grad_accum_steps = {parts} "
-            "equal micro-batches"))
-        zeros = []
-        for stage, device in zip(self.stages, self.devices):
-            with tf.device(device):
-                zeros.append([tf.zeros_like(v) for v in stage.trainable_variables])
+            f"the batch must split into runtime.pipeline_replicas x runtime.microbatches x "
+            f"train.grad_accum_steps = {parts} equal micro-batches"))
+        zeros = []  # per replica, per stage: its gradient sums, on its device
+        for r in range(self.replicas):
+            zeros.append([])
+            for stage, device in zip(*self.replica(r)):
+                with tf.device(device):
+                    zeros[r].append([tf.zeros_like(v) for v in stage.trainable_variables])
         if self.groups == 1:
             sums = self._group(x, y, sample_weight, zeros)
         else:
             group_size = size // self.groups
-            shapes = [len(z) for z in zeros]
 
             def body(g, *flat):
-                def take(structure):
-                    if structure is None:
-                        return None
-                    return tf.nest.map_structure(
-                        lambda t: t[g * group_size:(g + 1) * group_size], structure)
-                nested, start = [], 0
-                for count in shapes:
-                    nested.append(list(flat[start:start + count]))
-                    start += count
-                grown = self._group(take(x), take(y), take(sample_weight), nested)
-                return (g + 1, *[t for stage_sums in grown for t in stage_sums])
+                grown = self._group(*(_slice(t, g, group_size) for t in (x, y, sample_weight)),
+                                    tf.nest.pack_sequence_as(zeros, list(flat)))
+                return (g + 1, *tf.nest.flatten(grown))
 
             _, *flat = tf.while_loop(lambda g, *_: g < self.groups, body,
-                                     [tf.constant(0), *[t for z in zeros for t in z]],
+                                     [tf.constant(0), *tf.nest.flatten(zeros)],
                                      parallel_iterations=1)
-            sums, start = [], 0
-            for count in shapes:
-                sums.append(flat[start:start + count])
-                start += count
-        grads, variables = [], []
-        for stage, device, stage_sums in zip(self.stages, self.devices, sums):
-            with tf.device(device):
-                grads += [s / parts for s in stage_sums]
-            variables += stage.trainable_variables
+            sums = tf.nest.pack_sequence_as(zeros, flat)
+        grads, variables = zip(*self._averaged(sums, parts))
+        grads = list(grads)
         if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):
             grads = self.optimizer.get_unscaled_gradients(grads)
         self.optimizer.apply_gradients(zip(grads, variables))
+        self._average_statistics()
         return self.get_metrics_result()
+
+    def _average_statistics(self) -> None:
+        """Each stage's floating non-trainable variables (BatchNormalization's moving
+        statistics, which every copy updates from its own slice of the batch) set to their
+        mean over the copies, as MirroredStrategy reads them, so the copies stay equal."""
+        if self.replicas == 1:
+            return
+        for s in range(len(self.stages) // self.replicas):
+            copies = self.copies(s)
+            for same in zip(*(stage.non_trainable_variables for stage, _ in copies)):
+                if not same[0].dtype.is_floating:
+                    continue
+                with tf.device(copies[0][1]):
+                    mean = tf.add_n([v.read_value() for v in same]) / self.replicas
+                for variable, (_, device) in zip(same, copies):
+                    with tf.device(device):
+                        variable.assign(mean)

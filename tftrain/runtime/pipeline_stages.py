@@ -203,14 +203,18 @@ def _stage_config(model, stage: Stage, index: int) -> dict:
 
 def build(model, stages: list[Stage], devices: list[str]) -> list:
     """Each stage as a functional model whose variables are created on its device, holding
-    the weights of `model`."""
+    the weights of `model`. R x S `devices` (`devices()` with `runtime.pipeline_replicas`)
+    build R copies of the pipeline, in device order: replica r's stage s on device r * S + s."""
     import tensorflow as tf
 
+    if len(devices) % len(stages):
+        raise ValueError(f"{len(devices)} devices do not hold copies of {len(stages)} stages")
     built = []
-    for index, (stage, device) in enumerate(zip(stages, devices)):
+    for position, device in enumerate(devices):
+        index = position % len(stages)
         with tf.device(device):
             # the model's own class: a recomputed model's stages are recomputed too
-            part = type(model).from_config(_stage_config(model, stage, index))
+            part = type(model).from_config(_stage_config(model, stages[index], index))
         built.append(part)
     copy_weights(model, built)
     return built
@@ -234,14 +238,17 @@ def gather(stages, model) -> None:
 
 
 def devices(runtime) -> list[str]:
-    """One device per stage: this host's GPUs when it has enough, else virtual CPU devices
-    (`runtime.cpu_devices`, raised to the number of stages). Call before TensorFlow starts."""
+    """One device per stage of each replica (`runtime.pipeline_replicas` copies of the
+    pipeline; stage s of replica r on device r * S + s): this host's GPUs when it has enough,
+    else virtual CPU devices (`runtime.cpu_devices`, raised to that number). Call before
+    TensorFlow starts."""
     import tensorflow as tf
     from absl import logging
 
     from tftrain.runtime import distribute
 
-    count = runtime.pipeline_stages
+    stages, replicas = runtime.pipeline_stages, runtime.pipeline_replicas
+    count = stages * replicas
     if runtime.tpu:
         raise ConfigError("runtime.strategy=pipeline places stages with tf.device on GPUs or "
                           "CPUs; TPU cores are driven through TPUStrategy or DTensor, which "
@@ -250,11 +257,16 @@ def devices(runtime) -> list[str]:
     gpus = tf.config.list_physical_devices("GPU")
     if gpus:
         if len(gpus) < count:
-            raise ConfigError(f"runtime.pipeline_stages={count} needs {count} GPUs; this host "
-                              f"has {len(gpus)}: use at most {len(gpus)} stages")
+            if replicas == 1:
+                raise ConfigError(f"runtime.pipeline_stages={count} needs {count} GPUs; this "
+                                  f"host has {len(gpus)}: use at most {len(gpus)} stages")
+            raise ConfigError(f"runtime.pipeline_stages={stages} x runtime.pipeline_replicas="
+                              f"{replicas} needs {count} GPUs; this host has {len(gpus)}: "
+                              f"make stages x replicas at most {len(gpus)}")
         return [f"/device:GPU:{index}" for index in range(count)]
     cpus = max(runtime.cpu_devices, count)
     if runtime.cpu_devices < count:
-        logging.info("no GPU: %d stages on %d virtual CPU devices", count, cpus)
+        logging.info("no GPU: %d stages x %d replicas on %d virtual CPU devices", stages,
+                     replicas, cpus)
     distribute.configure_cpu_devices(cpus)
     return [f"/device:CPU:{index}" for index in range(count)]
