@@ -57,11 +57,14 @@ def test_the_summary_keeps_summary_json_keys_in_order():
                      "peak_flops_per_second": 1e11, "peak_source": "measured",
                      "peak_devices": 1, "mfu": 1.92e-5},
         rollbacks=0, restarts={"restarts": 0, "restart_causes": []},
+        backup={"async": True, "count": 3, "blocked_seconds": 0.1, "write_seconds": 0.5,
+                "bytes": 1000},
         backend={"strategy": "one_device", "num_replicas": 1, "num_workers": 1,
                  "jit_compile": False}).to_json()
     assert list(summary) == [
         "model_dir", "data_dir", "task", "parameters", "memory", "epochs", "steps", "eval", "validation", "evaluation",
-        "mixed_precision", "grad_accum_steps", "resumed_from", "restarts", "restart_causes",
+        "mixed_precision", "grad_accum_steps", "resumed_from", "backup", "restarts",
+        "restart_causes",
         "seconds_per_step", "examples_per_second", "model_flops_per_example",
         "achieved_flops_per_second", "peak_flops_per_second", "peak_source", "peak_devices",
         "mfu", "rollbacks", "strategy", "num_replicas",

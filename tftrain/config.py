@@ -16,7 +16,7 @@ import yaml
 import tftrain
 from tftrain import models, tasks
 from tftrain.config_schema import (  # noqa: F401  (the schema is part of this module's API)
-    ASYNC_BACKUP, CACHE_MODES, CLUSTERS, DATA_FORMATS, JIT_COMPILE, LR_SCHEDULES, MONITORS,
+    ASYNC_BACKUP, CACHE_MODES, CHOICES, CLUSTERS, DATA_FORMATS, JIT_COMPILE, LR_SCHEDULES, MONITORS,
     ON_NAN, OPTIMIZERS, PIPELINE_SCHEDULES, PRECISIONS, SERVICE_MODES, STRATEGIES, TASK_LOSSES,
     TASK_TYPES, Config, DataConfig, ModelConfig, RuntimeConfig, TaskConfig, TrainConfig,
     WholeMapping, all_keys, apply_values, check_divisible, profile_steps, to_dict, to_yaml)
@@ -157,24 +157,17 @@ def validate(config: Config) -> None:
         if value is not None and value <= 0:
             raise ConfigError(f"{key} must be > 0, got {value}")
 
-    choice("runtime.strategy", config.runtime.strategy, STRATEGIES)
-    choice("runtime.cluster", config.runtime.cluster, CLUSTERS)
+    for key, options in CHOICES.items():  # task.type and task.loss: check_task
+        if not key.startswith("task."):
+            section, name = key.split(".")
+            choice(key, getattr(getattr(config, section), name), options)
     if not 0 <= config.runtime.cluster_port <= 65535:
         raise ConfigError("runtime.cluster_port must be 0 (TF's default) or a port number, got "
                           f"{config.runtime.cluster_port}")
-    choice("runtime.mixed_precision", config.runtime.mixed_precision, PRECISIONS)
-    choice("runtime.jit_compile", config.runtime.jit_compile, JIT_COMPILE)
-    choice("runtime.pipeline_schedule", config.runtime.pipeline_schedule, PIPELINE_SCHEDULES)
-    choice("train.async_backup", config.train.async_backup, ASYNC_BACKUP)
-    choice("train.optimizer", config.train.optimizer, OPTIMIZERS)
-    choice("train.lr_schedule", config.train.lr_schedule, LR_SCHEDULES)
-    choice("data.cache", config.data.cache, CACHE_MODES)
-    choice("data.format", config.data.format, DATA_FORMATS)
     if config.data.format == "tfrecord" and config.data.source:
         raise ConfigError(f"data.format=tfrecord reads existing TFRecords in data.dir; "
                           f"data.source ({config.data.source!r}) is only for converting raw data: "
                           "drop one of them")
-    choice("train.monitor", config.train.monitor, MONITORS)
     check_task(config)
     for key in ("data.batch_size", "data.shuffle_buffer", "train.epochs", "train.steps_per_epoch",
                 "train.steps", "train.learning_rate", "train.steps_per_execution",
@@ -193,7 +186,6 @@ def validate(config: Config) -> None:
     if config.train.lr_min >= config.train.learning_rate and config.train.lr_schedule in ("cosine", "plateau"):
         raise ConfigError(f"train.lr_min ({config.train.lr_min}) must be below train.learning_rate "
                           f"({config.train.learning_rate}) for lr_schedule={config.train.lr_schedule}")
-    choice("train.on_nan", config.train.on_nan, ON_NAN)
     if not 0 < config.train.rollback_lr_factor < 1:
         raise ConfigError("train.rollback_lr_factor must be between 0 and 1 (the learning rate is "
                           f"multiplied by it at each rollback), got {config.train.rollback_lr_factor}")
@@ -210,7 +202,6 @@ def validate(config: Config) -> None:
                           "order; drop one of them")
     if config.runtime.cpu_devices < 0:
         raise ConfigError(f"runtime.cpu_devices must be >= 0, got {config.runtime.cpu_devices}")
-    choice("data.service_mode", config.data.service_mode, SERVICE_MODES)
     positive("runtime.tpu_timeout", config.runtime.tpu_timeout)
     if config.runtime.strategy == "tpu" and not config.runtime.tpu:
         raise ConfigError("runtime.strategy=tpu needs runtime.tpu (or --tpu): local, a TPU name, "

@@ -83,10 +83,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     # 4. Fit, resuming from model_dir/backup/ when an earlier attempt was interrupted: a
     #    resumed run reads on from the batches the backed-up steps consumed, on the shards it
     #    had until its pass ends (new shards, appended since, from the next: `data.passes`).
-    backup = backup_lib.Backup(backup_dir, config.train.backup_every_steps,
-                               write_async=backs_up_in_background(config.train, backend))
-    if backend.random_state is not None:  # train.deterministic: resumed with the backup
-        backup.trackables["random_state"] = backend.random_state
+    backup = make_backup(config.train, backend, backup_dir)
     start_step = backup_lib.steps_done(backup_dir, plan.steps_per_epoch)
     train_data = backend.training_data(config, start_step, shard_sets=passes.for_run(
         backup_dir, shards, config.data, run_.manifest, start_step, backend.chief))
@@ -95,13 +92,12 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     callbacks = make_callbacks(config.train, model_dir, plan, backup, timer, sigterm,
                                chief=backend.chief, task=run_.task,
                                requested=unfreeze.requested_by(model), utilization=usage)
+    validation_data = backend.evaluation_data(config, config.data.eval_split, for_fit=True)
     try:
-        history = trainer.fit(train_data, epochs=plan.epochs,
-                              steps_per_epoch=plan.steps_per_epoch,
-                              validation_data=backend.evaluation_data(
-                                  config, config.data.eval_split, for_fit=True),
+        history = trainer.fit(train_data, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
+                              validation_data=validation_data, callbacks=callbacks,
                               validation_steps=backend.validation_steps(config, run_.dataset),
-                              callbacks=callbacks, verbose=1 if sys.stdout.isatty() else 2)
+                              verbose=1 if sys.stdout.isatty() else 2)
     finally:  # a failed run still leaves its last backup whole
         backup.wait()
     trained = backend.trained_model(model, trainer, run_.task)  # DTensor: gathered into `model`
@@ -149,6 +145,17 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
 # A multi-worker run's non-chief workers write into a temporary directory removed right after
 # the save (a background write would race it); TPU and DTensor variables are untested here.
 ASYNC_BACKUP_BACKENDS = ("one_device", "mirrored", "pipeline")
+
+
+def make_backup(train_config: config_lib.TrainConfig, backend,
+                backup_dir: str) -> backup_lib.Backup:
+    """The run's `Backup` callback: its cadence, whether it writes in the background, and
+    (train.deterministic) the random layers' generators, saved and resumed with it."""
+    backup = backup_lib.Backup(backup_dir, train_config.backup_every_steps,
+                               write_async=backs_up_in_background(train_config, backend))
+    if backend.random_state is not None:
+        backup.trackables["random_state"] = backend.random_state
+    return backup
 
 
 def backs_up_in_background(train_config: config_lib.TrainConfig, backend) -> bool:
