@@ -5,6 +5,7 @@ with M micro-batches.
                                        [--batch_size=32] [--steps=5]
     .venv/bin/python bench/pipeline.py --schedules [--width=128] [--num_layers=4]
                                        [--sequence_length=512] [--microbatch_size=4]
+                                       [--counts=4,8,16] [--schedule_names=gpipe,1f1b]
 
 The same `transformer_lm` (tftrain's builder, Adam, float32) trains `--steps` steps on random
 token ids after one warm-up step: once as one model on one device, then cut into stages by
@@ -17,10 +18,14 @@ the step time with the bubble fraction (S-1)/(M+S-1). Prints the CPU and the tab
 
 `--schedules`: 2 stages under `gpipe` and `1f1b` (`runtime.pipeline_schedule`) at 4, 8 and 16
 micro-batches of `--microbatch_size` windows each (the batch grows with the count), on an
-activation-heavy model (long windows). Besides the step time, the peak resident memory of the
-process during the timed steps (the kernel's high-water mark, reset after the warm-up step:
-weights, optimizer state and the TensorFlow runtime are in it, and the activations the schedule
-holds): under 1f1b it should stay flat as the count grows, under gpipe it grows with it.
+activation-heavy model (long windows). Besides the step time, three figures of the timed steps
+(after a warm-up step): TensorFlow's allocator peak (the tensors: weights, optimizer state,
+gradients and the activations the schedule holds; what a GPU's memory would show), what the
+allocator still holds after the steps (weights, optimizer state, and what the step's program
+keeps between steps, which grows with its size), and `tftrain check`'s plan of the same setting
+(the stages' bytes summed: the virtual devices share one allocator); then the process's
+resident peak (the kernel's high-water mark, which also holds the program and TensorFlow's
+runtime, and memory freed but not returned to the system).
 """
 from __future__ import annotations
 
@@ -44,6 +49,25 @@ from tftrain.config_schema import RuntimeConfig
 from tftrain.engine import run_memory
 from tftrain.runtime import pipeline_model, pipeline_stages
 
+
+
+def planned_stage_bytes(args, params, length, vocab):
+    """`tftrain check`'s memory plan of each stage for this setting (float32, Adam)."""
+    from tftrain.check import memory
+    from tftrain.config import build_config
+    from tftrain.rules.report import Target
+
+    config = build_config("", overrides=(
+        f"model.name=transformer_lm,model.params={json.dumps(params)},train.optimizer=adam,"
+        f"data.batch_size={args['batch_size']},runtime.strategy=pipeline,"
+        f"runtime.pipeline_stages={args['stages']},runtime.microbatches={args['microbatches']},"
+        f"runtime.pipeline_schedule={args.get('schedule', '1f1b')}"))
+    shapes = memory.shapes_of(config, lambda p: models.build_model(
+        "transformer_lm", p, (length,), vocab, {"vocab_size": vocab, "sequence_length": length}))
+    found = memory.plan(shapes, config, Target("cpu", 1), "float32")
+    return [stage["bytes"] for stage in found.stages]
+
+
 args = json.loads(sys.argv[1])
 stages, microbatches = args["stages"], args["microbatches"]
 devices = pipeline_stages.devices(RuntimeConfig(pipeline_stages=max(stages, 2)))[:stages]
@@ -61,17 +85,24 @@ model.compile(keras.optimizers.Adam(1e-4),
 ids = tf.constant(np.random.default_rng(0).integers(1, vocab, (args["batch_size"], length)),
                   tf.int32)
 model.train_on_batch(ids, ids)
+# the timed steps' own peaks below: TensorFlow's allocator (the tensors: what a GPU's memory
+# would hold) and the kernel's high-water mark of the process's resident memory (VmHWM)
+tf.config.experimental.reset_memory_stats("CPU:0")
 with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")  # resets the peak resident memory (VmHWM): the timed steps' own peak below
+    f.write("5")
 started = time.perf_counter()
 for _ in range(args["steps"]):
     loss = model.train_on_batch(ids, ids)
 seconds = (time.perf_counter() - started) / args["steps"]
 held = run_memory.bytes_by_device(model.weights + run_memory.optimizer_state(model.optimizer))
+tensors = tf.config.experimental.get_memory_info("CPU:0")
 with open("/proc/self/status") as f:
     peak = int(next(l for l in f if l.startswith("VmHWM:")).split()[1]) * 1024
+planned = planned_stage_bytes(args, params, length, vocab) if stages > 1 else []
 print("RESULT " + json.dumps({"seconds_per_step": seconds, "loss": float(np.ravel(loss)[0]),
-                              "peak_bytes": peak,
+                              "peak_bytes": peak, "tensor_peak_bytes": tensors["peak"],
+                              "tensor_held_bytes": tensors["current"],
+                              "planned_stage_bytes": planned,
                               "largest_device_bytes": max(held.values()),
                               "total_bytes": sum(held.values())}))
 '''
@@ -83,31 +114,40 @@ def run(args: dict) -> dict:
 
 
 def schedules(args: dict) -> None:
-    """The schedules' table: 2 stages, gpipe and 1f1b at 4, 8, 16 micro-batches."""
-    rows = []
-    for micro in (4, 8, 16):
-        for schedule in ("gpipe", "1f1b"):
+    """The schedules' table: 2 stages, each of `--schedule_names` at each of `--counts`
+    micro-batches."""
+    rows, counts, names = [], args.pop("counts"), args.pop("schedule_names")
+    for micro in counts:
+        for schedule in names:
             r = run({**args, "stages": 2, "microbatches": micro, "schedule": schedule,
                      "batch_size": micro * args["microbatch_size"]})
+            planned = sum(r["planned_stage_bytes"])
             rows.append([schedule, micro, micro * args["microbatch_size"],
-                         f"{r['seconds_per_step']:.3f}", f"{r['peak_bytes'] / 2**20:,.0f}",
-                         f"{r['loss']:.4f}"])
+                         f"{r['seconds_per_step']:.3f}", f"{r['tensor_peak_bytes'] / 2**20:,.0f}",
+                         f"{r['tensor_held_bytes'] / 2**20:,.0f}", f"{planned / 2**20:,.0f}",
+                         f"{planned / r['tensor_peak_bytes']:.2f}",
+                         f"{r['peak_bytes'] / 2**20:,.0f}", f"{r['loss']:.4f}"])
             print("   ", rows[-1], flush=True)
     print(f"transformer_lm width {args['width']}, {args['num_layers']} blocks, sequence "
           f"{args['sequence_length']}, micro-batches of {args['microbatch_size']} windows, "
           "2 stages on virtual CPU devices, Adam, float32")
     print(markdown_table(["schedule", "micro-batches", "batch", "s/step",
-                          "peak MiB during the steps", "loss"], rows))
+                          "tensors' peak MiB", "held after the step MiB",
+                          "check's plan MiB", "plan / peak",
+                          "process peak MiB", "loss"], rows))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schedules", action="store_true")
+    parser.add_argument("--counts", default="4,8,16", help="--schedules: micro-batch counts")
+    parser.add_argument("--schedule_names", default="gpipe,1f1b", help="--schedules: which")
     for name, default in (("width", None), ("num_layers", None), ("num_heads", 4),
                           ("mlp_width", None), ("sequence_length", None), ("batch_size", 32),
                           ("microbatch_size", 4), ("steps", 5)):
         parser.add_argument(f"--{name}", type=int, default=default)
     args = vars(parser.parse_args())
+    counts, names = [int(c) for c in args.pop("counts").split(",")], args.pop("schedule_names")
     # the stage table's model, or the schedules' activation-heavy one (long windows)
     for name, (stage_default, schedule_default) in {
             "width": (256, 128), "num_layers": (8, 4), "mlp_width": (1024, 512),
@@ -116,7 +156,7 @@ def main() -> None:
             args[name] = schedule_default if args["schedules"] else stage_default
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores", flush=True)
     if args.pop("schedules"):
-        schedules(args)
+        schedules({**args, "counts": counts, "schedule_names": names.split(",")})
         return
     settings = [(1, 1), (2, 1), (2, 4), (2, 8), (4, 8)]
     results = {s: run({**args, "stages": s[0], "microbatches": s[1]}) for s in settings}

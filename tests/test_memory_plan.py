@@ -119,8 +119,8 @@ def test_each_stage_plans_the_activations_its_schedule_keeps_in_flight(text_lm_s
                                Target("gpu", 1), "float32") for kind in ("gpipe", "1f1b")}
     gpipe, one_f_one_b = ([s["activations"] for s in plans[k].stages] for k in plans)
     assert gpipe[0] == 4 * one_f_one_b[0] and gpipe[1] == 8 * one_f_one_b[1], plans
-    # gpipe holds the whole batch: 64 examples x (value + gradient) x 4 bytes per element.
-    assert gpipe == [64 * 2 * 4 * stage.per_example for stage in shapes.stages]
+    # gpipe holds the whole batch: 64 examples x 4 bytes per element kept.
+    assert gpipe == [64 * 4 * stage.per_example for stage in shapes.stages]
     planned = plans["1f1b"].to_json()
     assert planned["micro_batch"] == 8
     assert [(s["schedule"], s["microbatches_in_flight"]) for s in planned["stages"]] == [
@@ -134,13 +134,13 @@ def test_each_stage_plans_the_activations_its_schedule_keeps_in_flight(text_lm_s
 
 
 def test_a_gpipe_run_too_big_for_the_gpu_is_told_to_switch_to_1f1b(text_lm_stages):
-    """Batch 32768 (8 micro-batches of 4096) on a 16 GiB T4, float32: gpipe keeps the whole
+    """Batch 65536 (8 micro-batches of 8192) on a 16 GiB T4, float32: gpipe keeps the whole
     batch's activations on each stage (~23 GiB), 1f1b a quarter of them on stage 0 (~6 GiB)."""
     from tftrain.check import memory
     from tftrain.rules import precision
     from tftrain.rules.report import ERROR, Target
 
-    shapes, target, batch = text_lm_stages, Target("gpu", 1), "data.batch_size=32768"
+    shapes, target, batch = text_lm_stages, Target("gpu", 1), "data.batch_size=65536"
     config = _text_lm_pipeline(f"{batch},runtime.pipeline_schedule=gpipe")
     policy = precision.policy_for(config, target)
     found = memory.plan(shapes, config, target, policy, "t4")
@@ -158,14 +158,14 @@ def test_a_gpipe_run_too_big_for_the_gpu_is_told_to_switch_to_1f1b(text_lm_stage
 
 
 def test_when_1f1b_alone_is_not_enough_the_advice_adds_more_micro_batches(text_lm_stages):
-    """Batch 131088 = 16 x 8193 on a T4, gpipe: no single change fits (1f1b's stage 0 still
+    """Batch 262176 = 32 x 8193 on a T4, gpipe: no single change fits (1f1b's stage 0 still
     holds a quarter of the batch, ~23 GiB; the batch splits into 8 micro-batches only once
     halved, and halving it or its precision leaves gpipe ~47 GiB). 1f1b with 16 micro-batches
     holds an eighth (~11.5 GiB): the first pair."""
     from tftrain.check import memory
     from tftrain.rules.report import Target
 
-    shapes, target, batch = text_lm_stages, Target("gpu", 1), "data.batch_size=131088"
+    shapes, target, batch = text_lm_stages, Target("gpu", 1), "data.batch_size=262176"
     config = _text_lm_pipeline(f"{batch},runtime.pipeline_schedule=gpipe")
     found = memory.plan(shapes, config, target, "float32", "t4")
     found.suggestions = memory.suggest(shapes, config, target, "float32", found, "t4")

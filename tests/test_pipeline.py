@@ -46,7 +46,7 @@ def image_batch(size=8, seed=0):
     return rng.random((size, 8, 8, 1)).astype("float32"), rng.integers(0, 10, (size,))
 
 
-def pipelined(model, microbatches, groups=1, optimizer=None, stages=2):
+def pipelined(model, microbatches, groups=1, optimizer=None, stages=2, schedule="1f1b"):
     """`model` cut into `stages`, built on the test devices, compiled like a run compiles it."""
     import tf_keras as keras
 
@@ -54,7 +54,8 @@ def pipelined(model, microbatches, groups=1, optimizer=None, stages=2):
 
     plan = pipeline_stages.plan(model, stages)
     built = pipeline_stages.build(model, plan, DEVICES[:stages])
-    trainer = pipeline_model.PipelineModel(built, DEVICES[:stages], microbatches, groups)
+    trainer = pipeline_model.PipelineModel(built, DEVICES[:stages], microbatches, groups,
+                                           schedule=schedule)
     trainer.compile(optimizer=optimizer or keras.optimizers.SGD(0.1),
                     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                     metrics=["accuracy"])
@@ -205,18 +206,23 @@ def test_transformer_lm_steps_equal_one_device(lm_run):
     assert max_difference(trained, lm_run.model) > 1e-3  # it did train
 
 
-def test_resnet_steps_equal_one_device_accumulating_the_same_micro_batches():
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_resnet_steps_equal_one_device_accumulating_the_same_micro_batches(schedule):
     """BatchNormalization sees micro-batch statistics (as in GPipe), so the one-device twin
-    accumulates gradients over the same micro-batches (`train.grad_accum_steps`)."""
+    accumulates gradients over the same micro-batches (`train.grad_accum_steps`), under
+    either schedule (4 micro-batches: 1f1b's stage 0 runs F0 F1 B0 F2 B1 F3 B2 B3, gpipe's
+    F0 F1 F2 F3 B0 B1 B2 B3; the forwards, which update the moving statistics, keep micro-batch
+    order under both)."""
     import tf_keras as keras
 
     from tftrain.engine import grad_accum
 
     model = image_model("resnet", depth=1, width=8, stages=2)
-    reference = grad_accum.wrap(twin(model), 2)
+    reference = grad_accum.wrap(twin(model), 4)
     reference.compile(optimizer=keras.optimizers.SGD(0.05),
                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    _, stages, trainer = pipelined(model, microbatches=2, optimizer=keras.optimizers.SGD(0.05))
+    _, stages, trainer = pipelined(model, microbatches=4, optimizer=keras.optimizers.SGD(0.05),
+                                   schedule=schedule)
     for step in range(5):
         x, y = image_batch(seed=step)
         trainer.train_on_batch(x, y)
@@ -356,14 +362,19 @@ def exported_weights(run) -> dict:
             and value.dtype.kind == "f"}
 
 
-def test_sigkill_then_resume_equals_an_uninterrupted_run(digits_dir, tmp_path):
+def test_sigkill_then_resume_equals_an_uninterrupted_run_under_1f1b_with_replicas(
+        digits_dir, tmp_path):
+    """2 stages x 2 replicas (4 virtual devices) under 1f1b, backed up every 4 steps (in the
+    background, the default for one process): killed after its first backup, then the same
+    command, it ends with the weights of a run never killed."""
     from tests.test_dtensor import TIMEOUT, _env, _wait_for_backup
 
     def command(run):
         return ["train", "--config=digits", "--strategy=pipeline",
                 f"--model_dir={run}",
                 f"--params_override=data.dir={digits_dir},train.epochs=2,"
-                "train.steps_per_epoch=12,train.backup_every_steps=4,train.deterministic=true"]
+                "train.steps_per_epoch=12,train.backup_every_steps=4,train.deterministic=true,"
+                "runtime.pipeline_schedule=1f1b,runtime.pipeline_replicas=2"]
 
     killed = tmp_path / "killed"
     process = forked_cli.Popen(command(killed), env=_env(), cwd=REPO, stdout=forked_cli.DEVNULL,
@@ -380,6 +391,7 @@ def test_sigkill_then_resume_equals_an_uninterrupted_run(digits_dir, tmp_path):
         assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((killed / "summary.json").read_text())
     assert summary["resumed_from"] and summary["strategy"] == "pipeline"
+    assert summary["pipeline"]["schedule"] == "1f1b" and summary["pipeline"]["replicas"] == 2
     resumed, whole = exported_weights(killed), exported_weights(tmp_path / "whole")
     assert resumed.keys() == whole.keys() and len(resumed) > 4
     assert max(float(np.abs(resumed[k] - whole[k]).max()) for k in whole) < 1e-6

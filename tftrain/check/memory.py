@@ -13,10 +13,13 @@ Per device (a TPU core or chip, a GPU, this host for `cpu`), the device that hol
   activations      one replica's micro-batch (data.batch_size / replicas or the mesh's batch
                    dimension) x what one example keeps for the backward pass: every layer's
                    output plus what MultiHeadAttention keeps inside (query, key and value
-                   projections, the [heads, T, S] scores and probabilities), x2 (the values and
-                   their gradients), 2 bytes per element under mixed precision, else 4. With
-                   recomputation (model.params.remat) each block keeps its output, and one
-                   block's activations exist at a time.
+                   projections, the [heads, T, S] scores and probabilities), 2 bytes per
+                   element under mixed precision, else 4. Their gradients are not counted
+                   again: the backward pass makes them a layer at a time and frees each layer's
+                   values as it goes (measured: `bench/pipeline.py --schedules` compares the
+                   plan with TensorFlow's allocator peak). With recomputation
+                   (model.params.remat) each block keeps its output, and one block's
+                   activations exist at a time.
 
 Weights and optimizer state are exact: they are what `engine.run_memory` measures on a real
 run (tested). Activations are an estimate: XLA fuses some away and adds workspace, a TPU pads
@@ -236,7 +239,7 @@ def plan(shapes: ModelShapes, config, target: Target, policy: str,
             pipeline_schedule.schedule(kind, count, microbatches), count)
         replicas = config.runtime.pipeline_replicas  # each copy runs its share of the batch
         micro = max(config.data.batch_size // (microbatches * replicas), 1)
-        element = (2 if mixed else 4) * 2 * micro
+        element = (2 if mixed else 4) * micro
         stages = []
         for stage, held in zip(shapes.stages, in_flight):
             parts = _weight_parts([w for w in shapes.weights if w.path in stage.paths], specs,
@@ -253,7 +256,7 @@ def plan(shapes: ModelShapes, config, target: Target, policy: str,
                     in_flight=held)
     parts = _weight_parts(shapes.weights, specs, dims, config, mixed)
     micro = max(config.data.batch_size // replicas, 1)
-    element = (2 if mixed else 4) * 2 * micro
+    element = (2 if mixed else 4) * micro
     parts["activations"] = element * (shapes.per_example_recomputed if remat
                                       else shapes.per_example)
     return Plan(name, device_bytes(target, gpu_type), devices, micro, parts,
