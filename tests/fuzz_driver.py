@@ -9,12 +9,14 @@ seconds importing TensorFlow again, and each start after a crash or a hang would
 Each case `i` is generated from (SEED, i) alone, so any case replays by itself
 (`TFTRAIN_FUZZ_SEED=S TFTRAIN_FUZZ_FIRST=i TFTRAIN_FUZZ_CASES=1 pytest tests/test_fuzz.py`).
 For each case the driver prints one JSON line when it starts (what it mutated) and one when it
-ends (exit code, stderr, and `problem` when the result was wrong although it exited 0); the test
+ends (exit code, stderr, and `problem` when the result was wrong: an exit 0 on damage, or for
+content cases an error on sound content); the test
 (tests/test_fuzz.py) times each case, restarts the driver after a crash or a hang, and checks
 the sentinel directory outside every target after every case.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import hashlib
 import json
@@ -26,8 +28,9 @@ import sys
 import tempfile
 import traceback
 
-KINDS = ("manifest", "shard", "yaml", "csv", "jsonl")
+KINDS = ("manifest", "shard", "yaml", "csv", "jsonl", "content")
 TRAIN_EVERY = 6  # one damaged-dataset case in this many also trains on it (the costly read)
+LABEL, IMAGE = "image/class/label", "image/encoded"
 VALUES = [-5, 1e18, 10**18, 2**63, None, "", "x", "../../sentinel/keep.txt", "/etc/passwd", [], {},
           True, 0, 1, -1, 3.5, "ünï\u2028", [[[[[]]]]], {"a": {"b": {}}}, "train", "int64",
           "complex128", 10**9]
@@ -51,7 +54,15 @@ def build_bases(work: str) -> dict:
     for name, text in files.items():
         with open(os.path.join(bases, name), "w") as f:
             f.write(text)
-    return {"dataset": dataset, **{name: os.path.join(bases, name) for name in files}}
+    run = os.path.join(bases, "run")  # the model content cases evaluate, prune and quantize
+    if not os.path.exists(os.path.join(run, "summary.json")):
+        with captured_output(run + ".out", run + ".err"):
+            code = cli("train", f"--config={os.path.join(bases, 'tiny.yaml')}",
+                       f"--model_dir={run}",
+                       f"--params_override=data.dir={dataset},train.steps_per_epoch=20")
+        assert code == 0, "the content cases' model did not train"
+    return {"dataset": dataset, "run": run,
+            **{name: os.path.join(bases, name) for name in files}}
 
 
 # ---- mutators: each takes the case's rng and returns a description ---------------------------
@@ -233,6 +244,11 @@ def rows_problem(source: str, dataset: str, kind: str) -> str | None:
     return None
 
 
+def when_ok(problem, *args):
+    """A command's check that asks `problem(*args)` of an exit 0 only."""
+    return lambda code, stderr: problem(*args) if code == 0 else None
+
+
 # ---- running one case ----------------------------------------------------------------------
 
 @contextlib.contextmanager
@@ -286,7 +302,7 @@ def dataset_case(rng, index, kind, bases, case_dir, sentinel):
     shutil.copytree(bases["dataset"], dataset)
     what = (mutate_manifest(rng, os.path.join(dataset, "dataset.json")) if kind == "manifest"
             else mutate_shard(rng, dataset, sentinel))
-    commands = [(("inspect", f"--data={dataset}", "--verify"), lambda: dataset_problem(dataset))]
+    commands = [(("inspect", f"--data={dataset}", "--verify"), when_ok(dataset_problem, dataset))]
     if index % TRAIN_EVERY == 0:
         run = os.path.join(case_dir, "run")
         what += "; " + plant_links(rng, run, sentinel)
@@ -313,11 +329,195 @@ def rows_case(rng, index, kind, bases, case_dir, sentinel):
         what += "; " + plant_links(rng, out, sentinel)
     command = ("convert", f"--pipeline={kind}", f"--input={source}", f"--output={out}",
                "--workers=1", "--max_bad_fraction=0.5")
-    return what, [(command, lambda: rows_problem(source, out, kind))]
+    return what, [(command, when_ok(rows_problem, source, out, kind))]
+
+
+# ---- content damage: records that parse as frames (valid checksums, a manifest whose sizes and
+# sha256 match) but whose content is wrong -------------------------------------------------------
+
+RECORD_CHANGES = ("label", "label", "label_float", "label_missing", "labels_two", "image_short",
+                  "image_long", "image_ints", "image_missing", "garbage", "empty", "extra_feature")
+
+
+def mutate_record(rng: random.Random, record: bytes) -> tuple[bytes, str]:
+    """One digits record changed in content (a protobuf edit, no TensorFlow op): the new bytes
+    and what changed."""
+    from tensorflow.core.example import example_pb2
+
+    example = example_pb2.Example.FromString(record)
+    features = example.features.feature
+    how = rng.choice(RECORD_CHANGES)
+    if how == "label":
+        value = rng.choice([10, 999, -1, -2**63, 2**63 - 1, 3, 0])
+        features[LABEL].int64_list.value[:] = [value]
+        how = f"label {value}"
+    elif how == "label_float":
+        del features[LABEL]
+        features[LABEL].float_list.value[:] = [3.0]
+    elif how == "labels_two":
+        features[LABEL].int64_list.value[:] = [1, 2]
+    elif how in ("label_missing", "image_missing"):
+        del features[LABEL if how == "label_missing" else IMAGE]
+    elif how in ("image_short", "image_long"):
+        pixels = features[IMAGE].bytes_list.value[0]
+        features[IMAGE].bytes_list.value[0] = (
+            pixels[:rng.randrange(len(pixels))] if how == "image_short"
+            else pixels + bytes(rng.randint(1, 64)))
+    elif how == "image_ints":
+        del features[IMAGE]
+        features[IMAGE].int64_list.value[:] = [1] * 64
+    elif how == "extra_feature":
+        features["zz/extra"].float_list.value[:] = [1.0, 2.0]
+    else:
+        return (b"" if how == "empty" else
+                bytes(rng.randrange(256) for _ in range(rng.randint(1, 80)))), how
+    return example.SerializeToString(), how
+
+
+def split_records(dataset: str, split: str) -> tuple[str, list[bytes]]:
+    """The path of `split`'s first shard and its records (read with tftrain's own framing
+    reader's format, by hand: length, its CRC, data, its CRC)."""
+    manifest = json.load(open(os.path.join(dataset, "dataset.json")))
+    path = os.path.join(dataset, manifest["splits"][split]["shards"][0]["file"])
+    data, records, at = open(path, "rb").read(), [], 0
+    while at < len(data):
+        (length,) = struct.unpack("<Q", data[at:at + 8])
+        records.append(data[at + 12:at + 12 + length])
+        at += 12 + length + 4
+    return path, records
+
+
+def write_records(dataset: str, split: str, path: str, records: list[bytes],
+                  recount: bool) -> None:
+    """`records` written to `path` with valid checksums; the manifest's size and sha256 of the
+    shard updated, and with `recount` its label counts too (a manifest consistent with the
+    damage)."""
+    from tftrain.data.record_file import masked_crc32c
+
+    framed = bytearray()
+    for record in records:
+        length = struct.pack("<Q", len(record))
+        framed += length + masked_crc32c(length) + record + masked_crc32c(record)
+    open(path, "wb").write(bytes(framed))
+    manifest_path = os.path.join(dataset, "dataset.json")
+    manifest = json.load(open(manifest_path))
+    entry = manifest["splits"][split]
+    entry["shards"][0]["bytes"] = len(framed)
+    entry["shards"][0]["sha256"] = hashlib.sha256(framed).hexdigest()
+    if recount:
+        labels = [_label(record) for record in records]
+        counts = collections.Counter(str(label) for label in labels if label is not None)
+        entry["label_counts"] = dict(sorted(counts.items()))
+    json.dump(manifest, open(manifest_path, "w"))
+
+
+def _label(record: bytes):
+    """A record's one int64 label, or None (not an Example, no label, another type, several)."""
+    from google.protobuf.message import DecodeError
+    from tensorflow.core.example import example_pb2
+
+    try:
+        feature = example_pb2.Example.FromString(record).features.feature.get(LABEL)
+    except DecodeError:
+        return None
+    values = feature.int64_list.value if feature is not None else []
+    return values[0] if len(values) == 1 else None
+
+
+def content_problem(dataset: str, splits, counts: bool) -> str | None:
+    """The first record of `splits` that a model cannot take, checked here with protobuf alone
+    (one int64 label in [0, num_classes), one image of exactly its pixels' bytes), and with
+    `counts` a split whose records' labels disagree with the manifest's label_counts; or None."""
+    from google.protobuf.message import DecodeError
+    from tensorflow.core.example import example_pb2
+
+    manifest = json.load(open(os.path.join(dataset, "dataset.json")))
+    classes = manifest["info"]["num_classes"]
+    pixels = 1
+    for size in manifest["info"]["image_size"]:
+        pixels *= size
+    for split in splits:
+        _, records = split_records(dataset, split)
+        for index, record in enumerate(records):
+            label = _label(record)
+            try:
+                image = example_pb2.Example.FromString(record).features.feature.get(IMAGE)
+            except DecodeError:
+                image = None
+            images = image.bytes_list.value if image is not None else []
+            if label is None or not 0 <= label < classes or len(images) != 1 or len(
+                    images[0]) != pixels:
+                return f"{split} record {index} cannot be trained on"
+        if counts:
+            found = collections.Counter(str(_label(r)) for r in records)
+            if dict(found) != manifest["splits"][split].get("label_counts"):
+                return f"{split}: label counts differ from the manifest's"
+    return None
+
+
+def content_check(dataset: str, splits, counts: bool = False):
+    """A case's check of one command: an exit 0 on damage the command reads, or an error on
+    content that is sound (other than prune's or quantize's accuracy gate), is a wrong result."""
+    def check(code: int, stderr: str) -> str | None:
+        problem = content_problem(dataset, splits, counts)
+        if code == 0 and problem:
+            return f"exit 0 on damaged content: {problem}"
+        if code != 0 and not problem and "lost too much" not in stderr:
+            last = stderr.strip().splitlines()[-1:] or [""]
+            return f"exit {code} on sound content: {last[0][-300:]}"
+        return None
+    return check
+
+
+def run_for(bases: dict, case_dir: str, dataset: str) -> str:
+    """A copy of the bases' trained run whose config points at `dataset` (what prune and
+    quantize measure on)."""
+    import yaml
+
+    run = os.path.join(case_dir, "trained")
+    shutil.copytree(bases["run"], run, ignore=shutil.ignore_patterns("backup", "logs"))
+    params = os.path.join(run, "params.yaml")
+    config = yaml.safe_load(open(params))
+    config["data"]["dir"] = dataset
+    yaml.safe_dump(config, open(params, "w"))
+    return run
+
+
+def content_case(rng, index, kind, bases, case_dir, sentinel):
+    """A copy of the digits dataset with one record of its validation or test split changed in
+    content and framed validly: inspect --verify it, then (by the case's index) train on it,
+    evaluate, prune or quantize the trained model on it."""
+    dataset = os.path.join(case_dir, "digits")
+    shutil.copytree(bases["dataset"], dataset)
+    split = rng.choice(["validation", "test"])
+    path, records = split_records(dataset, split)
+    at = rng.randrange(len(records))
+    records[at], how = mutate_record(rng, records[at])
+    recount = rng.random() < 0.5
+    write_records(dataset, split, path, records, recount)
+    what = f"{split} record {at}: {how}" + ("; label counts recounted" if recount else "")
+    commands = [(("inspect", f"--data={dataset}", "--verify"),
+                 content_check(dataset, ["train", "validation", "test"], counts=True))]
+    which = index % 16  # the costly reads in some cases only (the suite's CPU budget)
+    if which in (0, 8):
+        commands.append((("train", f"--config={bases['tiny.yaml']}",
+                          f"--model_dir={os.path.join(case_dir, 'run')}",
+                          f"--params_override=data.dir={dataset}"),
+                         content_check(dataset, ["validation", "test"])))
+    elif which in (4, 12):
+        commands.append((("evaluate", f"--model={os.path.join(bases['run'], 'export')}",
+                          f"--data={dataset}", f"--split={split}"),
+                         content_check(dataset, [split])))
+    elif which in (2, 10):
+        command = (("prune", "--epochs=1", "--min_weights_to_prune=1") if which == 2
+                   else ("quantize", "--mode=dynamic"))
+        commands.append(((*command, f"--model_dir={run_for(bases, case_dir, dataset)}",
+                          f"--split={split}"), content_check(dataset, [split])))
+    return what, commands
 
 
 CASES = {"manifest": dataset_case, "shard": dataset_case, "yaml": config_case,
-         "csv": rows_case, "jsonl": rows_case}
+         "csv": rows_case, "jsonl": rows_case, "content": content_case}
 
 
 def run_case(index: int, seed: int, bases: dict, work: str, sentinel: str) -> None:
@@ -336,7 +536,7 @@ def run_case(index: int, seed: int, bases: dict, work: str, sentinel: str) -> No
             code = cli(*command)
         stderr = open(err_path, errors="replace").read()
         stdout = open(out_path, errors="replace").read()
-        problem = check() if code == 0 and check else None
+        problem = check(code, stderr) if check else None
         results.append({"command": command[0], "code": code, "stderr": stderr[-20000:],
                         "stdout": stdout[-2000:], "problem": problem})
     say({"case": index, "event": "end", "results": results})

@@ -1,5 +1,8 @@
-"""Fuzzing tftrain with hostile and damaged input (issue #23): seeded mutations of manifests,
-shard bytes, YAML configs and CSV/JSONL rows, each run through the real CLI.
+"""Fuzzing tftrain with hostile and damaged input (issues #23, #41): seeded mutations of
+manifests, shard bytes, YAML configs and CSV/JSONL rows, and of records' content in files whose
+framing, checksums and manifest stay valid (labels, types, image sizes, garbage payloads, label
+counts recounted or not: inspect --verify, then train, evaluate, prune or quantize on them),
+each run through the real CLI.
 
 Every case must end with exit 0 and a correct result, or with a non-zero exit and one error
 line: no traceback, no signal, no hang; and a sentinel directory outside every target (which the
@@ -51,8 +54,11 @@ def snapshot(path) -> dict:
 
 def verdict(result: dict) -> str | None:
     """What is wrong with one command's outcome, or None."""
+    if result["problem"]:
+        return (f"exit 0 with a wrong result: {result['problem']}" if result["code"] == 0
+                else result["problem"])
     if result["code"] == 0:
-        return result["problem"] and f"exit 0 with a wrong result: {result['problem']}"
+        return None
     err = result["stderr"]
     if "Traceback" in err:
         return "a traceback: " + " | ".join(err.strip().splitlines()[-3:])
@@ -168,6 +174,9 @@ def test_hostile_input_never_crashes_hangs_or_touches_the_outside(work, digits_d
     print(text)
     assert not failures, text
     assert sum(outcomes.values()) >= CASES  # every case ran at least one command
+    if CASES >= 100:  # the content cases met damage and sound content, and trained on damage
+        content = {outcome for kind, outcome in outcomes if kind == "content"}
+        assert {"inspect exit 0", "inspect exit 1", "train exit 1"} <= content, text
 
 
 def test_the_harness_catches_each_kind_of_failure(work):
@@ -196,3 +205,37 @@ def test_the_harness_catches_each_kind_of_failure(work):
         assert harness.next_event(30)["event"] == "start"
         assert harness.next_event(2) is None
         assert expected in harness.stop()
+
+
+def test_the_content_check_tells_damage_from_sound_content(tmp_path, digits_dir):
+    """The fuzzer's own check of a content case (protobuf alone, not tftrain's verify): sound
+    digits pass; a label outside the classes, an image of other bytes and, with `counts`, label
+    counts that the records do not match are each caught, and a sound but extra feature is not."""
+    import random
+
+    from tests import fuzz_driver
+
+    dataset = str(tmp_path / "digits")
+    shutil.copytree(digits_dir, dataset)
+    everything = ["train", "validation", "test"]
+    assert fuzz_driver.content_problem(dataset, everything, counts=True) is None
+    path, records = fuzz_driver.split_records(dataset, "test")
+    original = list(records)
+    for how, expected in (("label 999", "test record 7 cannot"), ("image_short", "test record 7 "
+                          "cannot"), ("extra_feature", None), ("label 3", None)):
+        rng = next(random.Random(seed) for seed in range(10_000)
+                   if fuzz_driver.mutate_record(random.Random(seed), original[7])[1] == how)
+        records = list(original)
+        records[7], _ = fuzz_driver.mutate_record(rng, original[7])
+        fuzz_driver.write_records(dataset, "test", path, records, recount=True)
+        problem = fuzz_driver.content_problem(dataset, everything, counts=True)
+        assert (problem or "").startswith(expected) if expected else problem is None, how
+    assert fuzz_driver._label(records[7]) == 3 != fuzz_driver._label(original[7])
+    fuzz_driver.write_records(dataset, "test", path, original, recount=True)
+    fuzz_driver.write_records(dataset, "test", path, records, recount=False)  # counts now stale
+    assert fuzz_driver.content_problem(dataset, ["test"], counts=False) is None
+    assert "label counts differ" in fuzz_driver.content_problem(dataset, ["test"], counts=True)
+    fuzz_driver.write_records(dataset, "test", path, original, recount=True)
+    check = fuzz_driver.content_check(dataset, ["test"])
+    assert check(0, "") is None and check(1, "tftrain prune: error: pruning lost too much") is None
+    assert check(1, "tftrain train: error: something else").startswith("exit 1 on sound content")

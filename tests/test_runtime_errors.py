@@ -187,3 +187,21 @@ def test_verify_names_the_record_of_a_token_id_past_the_vocabulary(text_dir, tmp
     rewritten(data, "validation", 3, past_the_vocabulary)
     assert (f"{first_shard(data, 'validation')}, record 3: token id 5000 in tokens is outside "
             "the vocabulary [0, 105)") in verify_error(cli, capsys, data)
+
+
+@pytest.mark.parametrize("cut", [10, -1])
+def test_verify_names_the_record_of_an_image_of_another_size(cut, digits_copy, cli, capsys):
+    """The record parses (its image is one string, as the schema says) but holds 10 or 63 of
+    the 64 pixels' bytes: it does not decode as training decodes it."""
+    import tensorflow as tf
+
+    def cut_image(record: bytes) -> bytes:
+        example = tf.train.Example.FromString(record)
+        pixels = example.features.feature["image/encoded"].bytes_list.value
+        pixels[0] = pixels[0][:cut]
+        return example.SerializeToString()
+
+    rewritten(digits_copy, "validation", 5, cut_image)
+    line = verify_error(cli, capsys, digits_copy)
+    assert (f"{first_shard(digits_copy, 'validation')}, record 5: does not decode as the "
+            "dataset's pipeline decodes it: ") in line, line

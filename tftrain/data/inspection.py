@@ -16,11 +16,13 @@ import dataclasses
 import posixpath
 import re
 import time
+from typing import Callable
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from pipelines import dataset_pipeline
 from tftrain.data import dataset_files
 from tftrain.data import manifest as manifest_lib
 from tftrain.data.reader import parse_spec
@@ -162,12 +164,15 @@ def _label_table(data_dir: str, manifest: dict) -> list[str]:
 @dataclasses.dataclass
 class ContentRules:
     """What the records' values must satisfy, from the manifest: class labels in
-    [0, num_classes), token ids below vocab_size, real-valued labels finite."""
+    [0, num_classes), token ids below vocab_size, real-valued labels finite; and that they
+    decode, through the dataset's pipeline, as training decodes them (an image of the recorded
+    size)."""
 
     label: str | None = None
     num_classes: int | None = None
     vocab_size: int | None = None
     token_features: tuple = ()
+    decode: Callable | None = None  # parsed batch -> (inputs, label); None: not checked
 
     @classmethod
     def of(cls, manifest: dict) -> "ContentRules":
@@ -180,7 +185,8 @@ class ContentRules:
                        if vocab and name != key and f["dtype"] == "int64")
         return cls(key if key in features else None,
                    classes if isinstance(classes, int) and classes > 0 else None,
-                   vocab if isinstance(vocab, int) and vocab > 0 else None, tokens)
+                   vocab if isinstance(vocab, int) and vocab > 0 else None, tokens,
+                   _decoder(manifest))
 
     def problems(self, name: str, parsed: dict, start: int) -> tuple[list[Problem], dict]:
         """The content problems of one parsed batch (the first record of each kind), and the
@@ -220,6 +226,36 @@ class ContentRules:
         return found, counts
 
 
+def _decoder(manifest: dict) -> Callable | None:
+    """The dataset's own decoding of a parsed batch, or None (logged) when its pipeline is not
+    built in (tftrain does not import code a dataset names)."""
+    try:
+        pipeline = dataset_pipeline(manifest.get("pipeline"))
+    except DataError as e:
+        logging.info("records parsed but not decoded: %s", e)
+        return None
+    info = manifest.get("info") or {}
+    return lambda parsed: pipeline.decode(parsed, info)
+
+
+def _decode_problem(name: str, batch, parsed: dict, spec: dict, decode: Callable,
+                    start: int) -> Problem | None:
+    """None when the batch decodes; else the first of its records that does not, with why."""
+    try:
+        decode(parsed)
+        return None
+    except (tf.errors.InvalidArgumentError, ValueError):
+        pass
+    for offset, record in enumerate(batch):
+        try:
+            decode(tf.io.parse_example(record[None], spec))
+        except (tf.errors.InvalidArgumentError, ValueError) as e:
+            message = _op_message(e) if isinstance(e, tf.errors.OpError) else str(e)
+            return Problem(name, f"does not decode as the dataset's pipeline decodes it: "
+                           f"{message.splitlines()[0][:300]}", start + offset)
+    return Problem(name, "a batch does not decode as the dataset's pipeline decodes it", start)
+
+
 def verify_shard(path: str, shard: dict, spec: dict,
                  rules: ContentRules | None = None) -> tuple[list[Problem], dict]:
     """Checks one shard's presence, size, sha256, record CRCs, parsing, content and count;
@@ -257,6 +293,9 @@ def verify_shard(path: str, shard: dict, spec: dict,
             problems.append(_find_unparsable_record(name, batch, spec, count))
         else:
             found, batch_counts = rules.problems(name, parsed, count)
+            undecoded = rules.decode and not found and _decode_problem(
+                name, batch, parsed, spec, rules.decode, count)
+            found += [undecoded] if undecoded else []
             problems.extend(found[:max(0, MAX_CONTENT_PROBLEMS - len(problems))])
             for label, number in batch_counts.items():
                 counts[label] = counts.get(label, 0) + number

@@ -63,8 +63,9 @@ def damaged_record_message(error: BaseException) -> str | None:
             f"{found.group(2)} of one of its files, which cannot be read on; {how}.")
 
 
-_LABEL_OUT_OF_RANGE = re.compile(
-    r"Received a label value of (-?\d+) which is outside the valid range of \[0, (\d+)\)")
+# the loss's words, or `checked_labels`' ("[Received a label value of] [999] [which is ...")
+_LABEL_OUT_OF_RANGE = re.compile(r"Received a label value of\]? \[?(-?\d+)\]? \[?which is "
+                                 r"outside the valid range of \[0, (\d+)\)")
 _INDEX_OUT_OF_RANGE = re.compile(r"indices\[[\d,]+\] = (-?\d+) is not in \[0, (\d+)\)")
 _UNPARSABLE = re.compile(r"Could not parse example input|Data types don't match|"
                          r"Can't parse serialized Example|Feature: \S+ \(data type: \w+\) is required")
@@ -162,11 +163,14 @@ def features_reached(spec: dict, pipeline, info: dict, part: str = "all") -> set
             if any(t.name in tensors for t in tf.nest.flatten(value, expand_composites=True))}
 
 
-def batch_decoder(schema: dict, pipeline, info: dict, last_stage: str = "decode"):
+def batch_decoder(schema: dict, pipeline, info: dict, last_stage: str = "decode",
+                  label_key: str | None = None):
     """The function `load` maps over batches of serialized records: `tf.io.parse_example` of the
     features of `schema` that the decoded `(inputs, label)` depend on (`features_reached`: every
     other one, e.g. image/filename, would cost a copy per example for nothing), then
-    `pipeline.decode`. `last_stage` (one of STAGES) stops after reading or parsing."""
+    `pipeline.decode`. `last_stage` (one of STAGES) stops after reading or parsing. Class
+    labels (`label_key`'s stored values, else the decoded label) are checked to lie in
+    [0, info's num_classes) first (`checked_labels`)."""
     reached = features_reached(schema, pipeline, info) if last_stage != "read" else set()
     spec = {name: feature for name, feature in schema.items() if name in reached} or schema
 
@@ -177,9 +181,32 @@ def batch_decoder(schema: dict, pipeline, info: dict, last_stage: str = "decode"
         features = tf.io.parse_example(serialized, spec)
         if last_stage == "parse":
             return features
-        return pipeline.decode({**unparsed_stand_ins(schema, spec, serialized), **features}, info)
+        classes = info.get("num_classes")
+        if label_key in features:  # the stored values, before a decode narrows their type
+            features[label_key] = checked_labels(features[label_key], classes)
+            classes = None
+        inputs, label = pipeline.decode({**unparsed_stand_ins(schema, spec, serialized),
+                                         **features}, info)
+        return inputs, checked_labels(label, classes)
 
     return parse_and_decode
+
+
+def checked_labels(label, classes):
+    """`label`, read only after every class label in it was checked to lie in [0, `classes`):
+    an evaluation or a quantized model's measurement, which computes no loss, would otherwise
+    count a damaged label as a wrong answer. Fails the read with TensorFlow's own words for it
+    (`content_error_message` makes the line); other labels pass unchecked."""
+    if (not isinstance(classes, int) or classes < 1 or not isinstance(label, tf.Tensor)
+            or not label.dtype.is_integer):
+        return label
+    outside = tf.logical_or(label < 0, label >= classes)
+    check = tf.debugging.Assert(
+        tf.logical_not(tf.reduce_any(outside)),
+        ["Received a label value of", tf.boolean_mask(label, outside)[:1],
+         f"which is outside the valid range of [0, {classes})"])
+    with tf.control_dependencies([check]):
+        return tf.identity(label)
 
 
 def unparsed_stand_ins(schema: dict, parsed: dict, serialized: tf.Tensor) -> dict:
@@ -284,7 +311,7 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
         dataset_files.check(file, source.directory, source.sizes.get(file))
     parse_and_decode = batch_decoder(
         parse_spec(source.manifest.get("features") or source.pipeline.features(source.info)),
-        source.pipeline, source.info, last_stage)
+        source.pipeline, source.info, last_stage, source.manifest.get("label_key"))
     if training and options.seed is None:  # a random order (repeatable under TF's global seed)
         options = dataclasses.replace(options, seed=int(tf.random.uniform([], 1, 2**31 - 1,
                                                                           tf.int64)))
