@@ -205,3 +205,39 @@ def test_verify_names_the_record_of_an_image_of_another_size(cut, digits_copy, c
     line = verify_error(cli, capsys, digits_copy)
     assert (f"{first_shard(digits_copy, 'validation')}, record 5: does not decode as the "
             "dataset's pipeline decodes it: ") in line, line
+
+
+def test_a_frozen_peer_worker_ends_the_chief_in_one_line(tmp_path, digits_dir):
+    """Two `train --worker_hosts` processes on loopback; once both train, worker 1 is frozen
+    (SIGSTOP: alive, but it answers nothing, as a hung machine). Worker 0's collective waits
+    for it until TensorFlow's coordination service notices the missing heartbeats; worker 0
+    then exits 1 with one error line that names worker 1 and says how to resume, no traceback."""
+    import os
+    import re
+    import signal
+
+    from tests.launch_testutil import Running, group_gone
+    from tftrain.runtime.launch import free_ports
+
+    hosts = ",".join(f"127.0.0.1:{port}" for port in free_ports(2))
+    args = ["train", f"--worker_hosts={hosts}", f"--model_dir={tmp_path / 'run'}",
+            f"--params_override=data.dir={digits_dir},model.name=mlp,"
+            "model.params={hidden_units: [16]},train.epochs=1000,train.steps_per_epoch=5"]
+    workers = [Running(args + [f"--task_index={i}"], cwd=tmp_path, env={"TMPDIR": str(tmp_path)})
+               for i in range(2)]
+    try:
+        for worker in workers:
+            worker.wait_for_line(r"^Epoch 2/", 300)  # both past the first epoch's collectives
+        os.killpg(workers[1].process.pid, signal.SIGSTOP)
+        code = workers[0].wait(300)
+    finally:
+        for worker in workers:
+            if worker.process.poll() is None:
+                os.killpg(worker.process.pid, signal.SIGKILL)
+                worker.process.wait(30)
+    errors = [line for line in workers[0].lines if ": error: " in line]
+    assert code == 1 and "Traceback" not in workers[0].output, workers[0].tail()
+    assert len(errors) == 1 and re.match(
+        r"tftrain train: error: worker 1 stopped answering \(lost or unhealthy", errors[0]), errors
+    assert "run the same command on every worker again" in errors[0]
+    assert all(group_gone(w.process.pid) for w in workers)
