@@ -87,8 +87,8 @@ def test_a_model_dir_name_too_long_is_one_line(digits_dir, tmp_path, cli, capsys
 
 
 def test_the_other_errors_are_named_by_kind():
-    """Memory and lost peers cannot be caused cheaply here: their lines, from the errors
-    TensorFlow raises (the messages as TF 2.21 words them)."""
+    """Memory and lost peers, from the errors TensorFlow raises (the messages as TF 2.21 words
+    them); the real cases, caused in processes of their own, are tested below."""
     import tensorflow as tf
 
     from tftrain.cli import system_error_message
@@ -241,3 +241,37 @@ def test_a_frozen_peer_worker_ends_the_chief_in_one_line(tmp_path, digits_dir):
         r"tftrain train: error: worker 1 stopped answering \(lost or unhealthy", errors[0]), errors
     assert "run the same command on every worker again" in errors[0]
     assert all(group_gone(w.process.pid) for w in workers)
+
+
+def train_with_memory_limit(argv: list[str]) -> None:
+    """A forked command's entry point: `tftrain <argv>` with its address space limited to what
+    the process maps now plus 3 GiB (RLIMIT_AS): an allocation past it fails as on a machine
+    out of memory, where the kernel's OOM killer would not let the command say anything."""
+    import resource
+
+    from tftrain.cli import run
+
+    with open("/proc/self/status") as f:
+        mapped = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize:"))
+    resource.setrlimit(resource.RLIMIT_AS, (mapped + 3 * 2**30, resource.RLIM_INFINITY))
+    run(argv)
+
+
+def test_out_of_memory_ends_in_one_line_that_points_to_check(tmp_path, digits_dir):
+    """A real allocation failure: an MLP whose first hidden layer alone needs 3.4 GiB, trained
+    by a process that may map only 3 GiB more than it has."""
+    from tests import forked_cli
+    from tests.conftest import REPO
+
+    out = forked_cli.run(
+        ["train", f"--model_dir={tmp_path / 'run'}",
+         f"--params_override=data.dir={digits_dir},model.name=mlp,"
+         "model.params={hidden_units: [30000, 30000]},train.epochs=1,train.steps_per_epoch=2"],
+        cwd=REPO, timeout=300, entry="tests.test_runtime_errors:train_with_memory_limit")
+    errors = [line for line in out.stderr.splitlines() if ": error: " in line]
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
+    assert errors == ["tftrain train: error: out of memory while `tftrain train` ran "
+                      "(ResourceExhaustedError): `tftrain check --config=... --target=...` plans "
+                      "the memory a run needs and suggests a change that fits (a smaller "
+                      "data.batch_size, train.grad_accum_steps, model.params.remat, "
+                      "runtime.mixed_precision)"], errors
