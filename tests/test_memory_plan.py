@@ -188,3 +188,39 @@ def test_a_replica_of_a_pipeline_is_planned_with_its_share_of_the_batch(text_lm_
                             Target("gpu", 1), "float32") for r in (1, 2))
     assert two.micro_batch * 2 == one.micro_batch == 8
     assert two.parts["activations"] * 2 == one.parts["activations"] > 0
+
+
+def test_an_interleaved_stage_holds_its_chunks_weights_and_their_micro_batches_in_flight():
+    """runtime.pipeline_schedule=interleaved, 2 stages x 2 chunks (text_lm cut into 4, chunk c
+    on stage c % 2), 8 micro-batches: a stage's weights are its 2 chunks', its activations the
+    most its chunks' micro-batches in flight add up to (each counting its own chunk's layers),
+    counted over the schedule training runs."""
+    from tftrain import models
+    from tftrain.check import memory
+    from tftrain.rules.report import Target
+    from tftrain.runtime import pipeline_schedule
+
+    config = _text_lm_pipeline("runtime.pipeline_schedule=interleaved,runtime.virtual_stages=2")
+    length = config.data.pipeline_options["sequence_length"]
+    shapes = memory.shapes_of(config, lambda params: models.build_model(
+        config.model.name, params, (length,), TEXT_LM_VOCAB,
+        dataset_info={"vocab_size": TEXT_LM_VOCAB, "sequence_length": length}))
+    assert len(shapes.stages) == 4
+    found = memory.plan(shapes, config, Target("gpu", 1), "float32")
+    assert [s["chunks"] for s in found.stages] == [[0, 2], [1, 3]]
+    weights = {w.path: w.size * w.itemsize for w in shapes.weights}
+    for stage in found.stages:
+        assert stage["weights"] == sum(weights[p] for c in stage["chunks"]
+                                       for p in shapes.stages[c].paths)
+    assert sum(s["weights"] for s in found.stages) == sum(weights.values())
+    actions = pipeline_schedule.schedule("interleaved", 2, 8, 2)
+    held = {0: 0, 1: 0}
+    most = {0: 0, 1: 0}
+    for action in actions:  # by hand: bytes of each chunk's micro-batches held, per stage
+        nbytes = 8 * 4 * shapes.stages[action.chunk(2)].per_example
+        held[action.stage] += nbytes if action.kind == "forward" else -nbytes
+        most[action.stage] = max(most[action.stage], held[action.stage])
+    assert [s["activations"] for s in found.stages] == [most[0], most[1]]
+    assert [s["microbatches_in_flight"] for s in found.stages] == (
+        pipeline_schedule.max_in_flight(actions, 2)) == [5, 3]
+    assert found.bytes_per_device == max(s["bytes"] for s in found.stages)

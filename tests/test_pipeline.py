@@ -46,16 +46,20 @@ def image_batch(size=8, seed=0):
     return rng.random((size, 8, 8, 1)).astype("float32"), rng.integers(0, 10, (size,))
 
 
-def pipelined(model, microbatches, groups=1, optimizer=None, stages=2, schedule="1f1b"):
-    """`model` cut into `stages`, built on the test devices, compiled like a run compiles it."""
+def pipelined(model, microbatches, groups=1, optimizer=None, stages=2, schedule="1f1b",
+              virtual_stages=1, replicas=1):
+    """`model` cut into `stages` (x `virtual_stages` chunks, chunk c on stage c % S), built on
+    the test devices (`replicas` copies on the same ones), compiled like a run compiles it."""
     import tf_keras as keras
 
     from tftrain.runtime import pipeline_model, pipeline_stages
 
-    plan = pipeline_stages.plan(model, stages)
-    built = pipeline_stages.build(model, plan, DEVICES[:stages])
-    trainer = pipeline_model.PipelineModel(built, DEVICES[:stages], microbatches, groups,
-                                           schedule=schedule)
+    plan = pipeline_stages.plan(model, stages, virtual=virtual_stages)
+    devices = pipeline_stages.chunk_devices(DEVICES[:stages] * replicas, stages, virtual_stages)
+    built = pipeline_stages.build(model, plan, devices)
+    trainer = pipeline_model.PipelineModel(built, devices, microbatches, groups,
+                                           schedule=schedule, replicas=replicas,
+                                           virtual_stages=virtual_stages)
     trainer.compile(optimizer=optimizer or keras.optimizers.SGD(0.1),
                     loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                     metrics=["accuracy"])
@@ -228,6 +232,68 @@ def test_resnet_steps_equal_one_device_accumulating_the_same_micro_batches(sched
         trainer.train_on_batch(x, y)
         reference.train_on_batch(x, y)
     assert max_difference(gathered(model, stages), reference.inner) < 1e-5
+
+
+def test_interleaved_trains_as_one_device_and_1f1b_in_a_graph_chained_per_device():
+    """transformer_lm (2 blocks) cut into 2 stages x 2 chunks (chunk c on device c % 2), 2
+    micro-batches a step, 3 SGD steps: the same weights as one device and as 1f1b on 2
+    stages; each device's passes chained in the interleaved order across its 2 chunks. Two
+    replicas of it (on the same 2 devices, replica r's chunk c on r * 2 + c % 2 of a list that
+    repeats them) train to the same weights too."""
+    import tensorflow as tf
+    import tf_keras as keras
+
+    from tests.test_pipeline_schedule import chained_per_stage
+    from tftrain.runtime import pipeline_schedule
+
+    model = lm(num_layers=2)
+    reference = twin(model)
+    reference.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    plan, chunks, interleaved = pipelined(model, 2, schedule="interleaved", virtual_stages=2)
+    _, stages, one_f_one_b = pipelined(model, 2)
+    _, copies, replicated = pipelined(model, 2, schedule="interleaved", virtual_stages=2,
+                                      replicas=2)
+    assert len(plan) == 4 and [v.device[-5:] for c in chunks for v in c.weights[:1]] == [
+        "CPU:0", "CPU:1", "CPU:0", "CPU:1"]
+    for step in range(3):
+        x, y = lm_batch(seed=step)
+        reference.train_on_batch(x, y)
+        for trainer in (interleaved, one_f_one_b, replicated):
+            trainer.train_on_batch(x, y)
+    trained = gathered(model, chunks)
+    assert max_difference(trained, reference) < 1e-5
+    assert max_difference(trained, gathered(model, stages)) < 1e-6
+    assert max_difference(trained, model) > 1e-3  # it did train
+    for r in range(2):
+        assert max_difference(gathered(model, replicated.replica(r)[0]), reference) < 1e-5
+    x, y = lm_batch()
+    batch = iter(tf.data.Dataset.from_tensors((tf.constant(x), tf.constant(y))))
+    graph = interleaved.train_function.get_concrete_function(batch).graph
+    assert chained_per_stage(graph, pipeline_schedule.schedule("interleaved", 2, 2, 2), 2, 2)
+
+
+def test_an_interleaved_run_records_its_chunks_and_their_adam_state(text_dir, tmp_path, cli):
+    """`tftrain train --strategy=pipeline` with 2 stages x 2 chunks (4 blocks), Adam, 3 steps:
+    the backend builds the chunks on alternating devices, and summary.json says so: the
+    chunks in model order, each with its weights and Adam's two slots per weight counted on its
+    device, the bubble (S-1)/(V M + S-1) = 1/9 and the passes in flight per device."""
+    run = tmp_path / "run"
+    assert cli("train", "--config=text_lm", "--strategy=pipeline", f"--model_dir={run}",
+               f"--params_override=data.dir={text_dir},model.params.num_layers=4,"
+               "runtime.pipeline_schedule=interleaved,runtime.virtual_stages=2,"
+               "train.epochs=1,train.steps_per_epoch=3,train.validation_steps=1") == 0
+    summary = json.loads((run / "summary.json").read_text())
+    pipeline = summary["pipeline"]
+    assert (pipeline["schedule"], pipeline["virtual_stages"]) == ("interleaved", 2)
+    assert pipeline["bubble_fraction"] == round(1 / 9, 4)
+    assert pipeline["max_in_flight"] == [5, 3]
+    assert [s["device"] for s in pipeline["stages"]] == DEVICES * 2
+    assert [s["layers"][-1] for s in pipeline["stages"][:3]] == [
+        f"block_{i}_mlp_residual" for i in range(3)]
+    for chunk in pipeline["stages"]:
+        assert chunk["bytes"]["optimizer"] == 2 * chunk["bytes"]["weights"] > 0, chunk
+    assert sum(s["parameters"] for s in pipeline["stages"]) == summary["parameters"]
 
 
 def test_gradient_accumulation_runs_groups_of_micro_batches_as_one_update():

@@ -1,6 +1,7 @@
 """runtime.pipeline_schedule: the schedules as lists of actions (every pass once, in dependency
-order; 1F1B holds min(S - s, M) micro-batches on stage s, GPipe all M; the checks reject broken
-lists), and one training run on the 2 virtual CPU devices of the test process: a transformer_lm
+order; 1F1B holds min(S - s, M) micro-batches on stage s, GPipe all M; interleaved runs V chunks
+per stage in Megatron-LM's order, counted per stage; the checks reject broken lists), and one
+training run on the 2 virtual CPU devices of the test process: a transformer_lm
 trained with 1f1b equals one device and gpipe, and its step's graph chains each stage's passes.
 """
 import collections
@@ -16,22 +17,27 @@ from tftrain.runtime.pipeline_schedule import BACKWARD, FORWARD, Action
 SHAPES = [(2, 1), (2, 4), (3, 2), (4, 4), (4, 8), (5, 3)]  # (stages, micro-batches)
 
 
-def assert_valid(actions, stages, microbatches):
-    """Every stage runs every micro-batch's forward and backward exactly once; forward of m on
-    stage s after stage s - 1's; backward after stage s + 1's and after its own forward."""
-    expected = {Action(s, m, kind) for s in range(stages) for m in range(microbatches)
+def assert_valid(actions, stages, microbatches, virtual=1):
+    """Every chunk (stage s's chunk v is the model's v * S + s; one per stage but under
+    interleaved) runs every micro-batch's forward and backward exactly once; forward of m on
+    chunk c after chunk c - 1's; backward after chunk c + 1's and after its own forward."""
+    def at_chunk(c, m, kind):
+        return Action(c % stages, m, kind, c // stages)
+
+    chunks = stages * virtual
+    expected = {at_chunk(c, m, kind) for c in range(chunks) for m in range(microbatches)
                 for kind in (FORWARD, BACKWARD)}
     counts = collections.Counter(actions)
     assert set(counts) == expected and set(counts.values()) == {1}, counts
     at = {action: index for index, action in enumerate(actions)}
-    for s in range(stages):
+    for c in range(chunks):
         for m in range(microbatches):
-            forward, backward = at[Action(s, m, FORWARD)], at[Action(s, m, BACKWARD)]
-            assert forward < backward, (s, m)
-            if s > 0:
-                assert at[Action(s - 1, m, FORWARD)] < forward, (s, m)
-            if s < stages - 1:
-                assert at[Action(s + 1, m, BACKWARD)] < backward, (s, m)
+            forward, backward = at[at_chunk(c, m, FORWARD)], at[at_chunk(c, m, BACKWARD)]
+            assert forward < backward, (c, m)
+            if c > 0:
+                assert at[at_chunk(c - 1, m, FORWARD)] < forward, (c, m)
+            if c < chunks - 1:
+                assert at[at_chunk(c + 1, m, BACKWARD)] < backward, (c, m)
 
 
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
@@ -79,6 +85,93 @@ def test_max_in_flight_counts_from_the_list_and_the_bubble_is_the_same():
         pipeline_schedule.schedule("1f2b", 2, 4)
 
 
+INTERLEAVED_SHAPES = [(2, 2, 2), (2, 4, 2), (2, 6, 3), (3, 6, 2), (4, 4, 2), (4, 8, 3)]
+
+
+@pytest.mark.parametrize("stages,microbatches,virtual", INTERLEAVED_SHAPES)
+def test_interleaved_runs_every_chunk_once_in_dependency_order_1f1b_per_device(
+        stages, microbatches, virtual):
+    """(S, M, V): each stage runs min(2 (S - s - 1) + (V - 1) S, M V) warm-up forwards, then
+    one forward one backward, then the rest backwards; it holds at most one more pass's
+    activations than it warms up, all its chunks' together."""
+    actions = pipeline_schedule.schedule("interleaved", stages, microbatches, virtual)
+    assert_valid(actions, stages, microbatches, virtual)
+    held = pipeline_schedule.max_in_flight(actions, stages)
+    total = microbatches * virtual
+    for s in range(stages):
+        kinds = "".join(a.kind[0] for a in actions if a.stage == s)
+        warmup = min(2 * (stages - s - 1) + (virtual - 1) * stages, total)
+        assert kinds == "f" * warmup + "fb" * (total - warmup) + "b" * warmup, (s, kinds)
+        assert held[s] == min(warmup + 1, total), (s, held)
+    for kind in ("1f1b", "gpipe"):  # the other schedules: one chunk, Action's default
+        assert {a.virtual for a in pipeline_schedule.schedule(kind, stages, microbatches)} == {0}
+
+
+def test_interleaved_per_device_order_is_megatrons_and_its_bubble_v_times_smaller():
+    """S=2, M=4, V=2: stage 0 holds the model's chunks 0 and 2, stage 1 chunks 1 and 3. Stage
+    0's forwards go through micro-batches in groups of S=2 per chunk (F0 F1 on chunk 0, then on
+    chunk 2, then F2 F3 ...), its backwards the same from its last chunk (Megatron-LM's
+    `get_model_chunk_id`, torch's ScheduleInterleaved1F1B)."""
+    def order(stage):
+        return " ".join(f"{a.kind[0].upper()}{a.microbatch}c{a.chunk(2)}" for a in
+                        pipeline_schedule.stage_order("interleaved", 2, 4, stage, virtual=2))
+
+    assert order(0) == ("F0c0 F1c0 F0c2 F1c2 F2c0 B0c2 F3c0 B1c2 F2c2 B0c0 F3c2 B1c0 "
+                        "B2c2 B3c2 B2c0 B3c0")
+    assert order(1) == ("F0c1 F1c1 F0c3 B0c3 F1c3 B1c3 F2c1 B0c1 F3c1 B1c1 F2c3 B2c3 "
+                        "F3c3 B3c3 B2c1 B3c1")
+    actions = pipeline_schedule.schedule("interleaved", 2, 4, 2)
+    assert [a.stage for a in actions[:3]] == [0, 0, 1]  # chunk 1 waits for chunk 0's F0
+    assert pipeline_schedule.max_in_flight(actions, 2) == [5, 3]
+    # each pass counted by its chunk's size: stage 0's peak (F0 F1 on chunk 0 and on chunk 2,
+    # then F2 on chunk 0) is 3 x chunk 0 + 2 x chunk 2.
+    sizes = {0: 10, 1: 1, 2: 100, 3: 1000}
+    peak = pipeline_schedule.peak_held(actions, 2, lambda a: sizes[a.chunk(2)])
+    assert peak[0] == 3 * 10 + 2 * 100, peak
+    assert pipeline_schedule.bubble_fraction("interleaved", 2, 4, 2) == pytest.approx(1 / 9)
+    assert pipeline_schedule.bubble_fraction("interleaved", 4, 8, 2) == pytest.approx(3 / 19)
+
+
+@pytest.mark.parametrize("args,message", [
+    (("interleaved", 2, 4, 1), r"runtime.pipeline_schedule=interleaved needs "
+                               r"runtime.virtual_stages >= 2 \(the chunks each stage holds\), "
+                               r"got 1$"),
+    (("1f1b", 2, 4, 2), r"runtime.virtual_stages=2 needs runtime.pipeline_schedule=interleaved "
+                        r"\(1f1b runs one chunk per stage\): set it to 1$"),
+    (("interleaved", 4, 6, 2), r"runtime.microbatches=6 is not a multiple of it: use "
+                               r"runtime.microbatches=8$"),
+])
+def test_the_schedule_refuses_chunks_it_cannot_run_in_one_line(args, message):
+    with pytest.raises(ConfigError, match=message) as raised:
+        pipeline_schedule.schedule(*args)
+    assert "\n" not in str(raised.value)
+
+
+def test_the_config_takes_interleaved_with_virtual_stages_and_refuses_the_rest_in_one_line():
+    from tftrain import config as config_lib
+
+    def build(overrides, strategy="pipeline"):
+        return config_lib.build_config("text_lm", {"runtime.strategy": strategy}, overrides)
+
+    taken = build("runtime.pipeline_schedule=interleaved,runtime.virtual_stages=2")
+    assert (taken.runtime.pipeline_schedule, taken.runtime.virtual_stages) == ("interleaved", 2)
+    assert build("").runtime.virtual_stages == 1
+    refused = {
+        "runtime.pipeline_schedule=interleaved": "needs runtime.virtual_stages >= 2",
+        "runtime.virtual_stages=3": "runtime.virtual_stages=3 needs runtime.pipeline_schedule="
+                                    "interleaved \\(1f1b runs one chunk per stage\\)",
+        "runtime.pipeline_schedule=interleaved,runtime.virtual_stages=2,runtime.microbatches=3":
+            "runtime.microbatches=3 is not a multiple of it: use runtime.microbatches=4",
+    }
+    for overrides, message in refused.items():
+        with pytest.raises(ConfigError, match=message) as raised:
+            build(overrides)
+        assert "\n" not in str(raised.value)
+    with pytest.raises(ConfigError, match="runtime.virtual_stages=2 cuts pipeline stages into "
+                                          "chunks: it needs runtime.strategy=pipeline"):
+        build("runtime.virtual_stages=2", strategy="one_device")
+
+
 # --- training ---------------------------------------------------------------------------
 
 
@@ -95,19 +188,24 @@ def scheduled(model, kind, microbatches=3):
     return stages, trainer
 
 
-def chained_per_stage(graph, actions) -> bool:
+def chained_per_stage(graph, actions, stages=2, virtual=1) -> bool:
     """Whether, in the step's `graph`, every op of each action of a stage is downstream of the
-    stage's previous action (data or control edges): the order cannot change at run time."""
+    stage's previous action (data or control edges; under interleaved, the previous action of
+    any of the stage's chunks): the order cannot change at run time. Placeholders are left
+    out: they are the step function's inputs (a variable's handle, captured where a chunk
+    first reads it), there before any op runs."""
+    from tftrain.runtime import pipeline_model
+
     scoped, children = collections.defaultdict(list), collections.defaultdict(list)
     for op in graph.get_operations():
-        found = re.search(r"stage_\d+_(forward|backward)_\d+", op.name)
-        if found:
+        found = re.search(r"stage_\d+_(chunk_\d+_)?(forward|backward)_\d+", op.name)
+        if found and op.type != "Placeholder":
             scoped[found.group()].append(op)
         for parent in [t.op for t in op.inputs] + op.control_inputs:
             children[parent].append(op)
     previous = {}
     for action in actions:
-        scope = f"stage_{action.stage}_{action.kind}_{action.microbatch}"
+        scope = pipeline_model.scope(action, stages, virtual)
         if action.stage in previous:
             reached, frontier = set(), list(scoped[previous[action.stage]])
             while frontier:

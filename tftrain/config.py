@@ -21,7 +21,7 @@ from tftrain.config_schema import (  # noqa: F401  (the schema is part of this m
     TASK_TYPES, Config, DataConfig, ModelConfig, RuntimeConfig, TaskConfig, TrainConfig,
     WholeMapping, all_keys, apply_values, check_divisible, profile_steps, to_dict, to_yaml)
 from tftrain.errors import ConfigError
-from tftrain.runtime import dtensor_layouts
+from tftrain.runtime import dtensor_layouts, pipeline_schedule
 from tftrain.yaml_file import MAX_YAML_BYTES, MAX_YAML_NODES, load_yaml, read_yaml  # noqa: F401
 
 
@@ -222,7 +222,9 @@ def validate(config: Config) -> None:
 
 def check_pipeline(runtime, batch_size: int) -> None:
     """The pipeline keys: at least two stages, a batch that splits into the replicas'
-    micro-batches, no whole-step XLA (it would put every stage on one device)."""
+    micro-batches, chunks per stage that the schedule runs (`interleaved`: >= 2, and
+    micro-batches in groups of the stages), no whole-step XLA (it would put every stage on one
+    device)."""
     if runtime.strategy != "pipeline":
         if runtime.stage_rules:
             raise ConfigError(f"runtime.stage_rules={runtime.stage_rules!r} cuts a model into "
@@ -230,6 +232,10 @@ def check_pipeline(runtime, batch_size: int) -> None:
         if runtime.pipeline_replicas != 1:
             raise ConfigError(f"runtime.pipeline_replicas={runtime.pipeline_replicas} copies "
                               "pipeline stages: it needs runtime.strategy=pipeline")
+        if runtime.virtual_stages != 1:
+            raise ConfigError(f"runtime.virtual_stages={runtime.virtual_stages} cuts pipeline "
+                              "stages into chunks: it needs runtime.strategy=pipeline and "
+                              "runtime.pipeline_schedule=interleaved")
         return
     if runtime.pipeline_stages < 2:
         raise ConfigError("runtime.pipeline_stages must be >= 2 for runtime.strategy=pipeline, got "
@@ -239,6 +245,8 @@ def check_pipeline(runtime, batch_size: int) -> None:
     if runtime.pipeline_replicas < 1:
         raise ConfigError("runtime.pipeline_replicas must be >= 1, got "
                           f"{runtime.pipeline_replicas}")
+    pipeline_schedule.check(runtime.pipeline_schedule, runtime.pipeline_stages,
+                            runtime.microbatches, runtime.virtual_stages)
     parts = runtime.pipeline_replicas * runtime.microbatches
     if batch_size % parts:
         split = f"runtime.microbatches={runtime.microbatches}"

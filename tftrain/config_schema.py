@@ -18,7 +18,7 @@ from tftrain.errors import ConfigError
 
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu", "dtensor", "pipeline")
 # runtime.pipeline_schedule: the order of a stage's micro-batch passes (runtime/pipeline_schedule.py)
-PIPELINE_SCHEDULES = ("1f1b", "gpipe")
+PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved")
 ASYNC_BACKUP = ("auto", "true", "false")
 # runtime.cluster: where the multi-worker cluster is described (tftrain/runtime/cluster.py)
 CLUSTERS = ("auto", "tf_config", "slurm", "kubernetes")
@@ -160,8 +160,13 @@ class RuntimeConfig:
     # stage) | gpipe (all forwards, then all backwards: all `microbatches` held). Same bubble.
     # 1f1b by default: text_lm on 2 virtual CPU devices at batch 512 peaked at 1047 MiB RSS
     # with 4 micro-batches (gpipe: 1413) and 1126 with 16 (gpipe: 1565), and its steps took
-    # as long as gpipe's (docs/guides/pipeline-stages.md#the-schedule).
+    # as long as gpipe's (docs/guides/pipeline-stages.md#the-schedule). | interleaved
+    # (Megatron-LM's virtual stages: the model cut into pipeline_stages x virtual_stages
+    # chunks, chunk c on stage c % S, run 1F1B: a bubble V times smaller, V times the sends)
     pipeline_schedule: str = "1f1b"
+    # pipeline_schedule=interleaved: the chunks each stage (device) holds, >= 2; the other
+    # schedules run 1. `microbatches` must be a multiple of `pipeline_stages` then
+    virtual_stages: int = 1
     # Data-parallel copies of the whole pipeline on this host (S x R devices: stage s of replica
     # r on device r*S + s), each stage's gradients averaged over its R copies every step
     pipeline_replicas: int = 1
@@ -446,7 +451,15 @@ KEY_DOCS = {
                                  "micro-batch passes: `1f1b` (one forward, one backward: at "
                                  "most `pipeline_stages` micro-batches' activations held per "
                                  "stage) or `gpipe` (all forwards, then all backwards: all "
-                                 "`microbatches` held); the same idle share.",
+                                 "`microbatches` held), the same idle share; or `interleaved` "
+                                 "(1F1B over `virtual_stages` chunks per stage: a bubble "
+                                 "`virtual_stages` times smaller, as many times the sends "
+                                 "between stages; `microbatches` a multiple of "
+                                 "`pipeline_stages`).",
+    "runtime.virtual_stages": "`runtime.pipeline_schedule=interleaved`: the model's chunks "
+                              "each stage (device) holds, >= 2 (the model is cut into "
+                              "`pipeline_stages` x `virtual_stages` chunks, chunk c on stage "
+                              "c % `pipeline_stages`); 1 under the other schedules.",
     "runtime.pipeline_replicas": "`runtime.strategy=pipeline`: data-parallel copies of the "
                                  "whole pipeline on this host (`pipeline_stages` x "
                                  "`pipeline_replicas` devices), each on its share of the "

@@ -31,7 +31,10 @@ Pipeline stages (`runtime.strategy=pipeline`) are planned one by one, cut as tra
 activations of its own layers for one micro-batch (data.batch_size / runtime.microbatches
 examples; grad-accum groups run one after another) times the micro-batches the stage holds at
 once under `runtime.pipeline_schedule` (`pipeline_schedule.max_in_flight`: all M under gpipe,
-min(S - s, M) on stage s under 1f1b); the device is the stage that needs the most. With
+min(S - s, M) on stage s under 1f1b); the device is the stage that needs the most. Under
+`interleaved` a stage (device) holds V chunks: their weights, gradients and optimizer state
+added, and the most activations its chunks' micro-batches in flight add up to at any point of
+the schedule (`pipeline_schedule.peak_held`, each counting its own chunk's layers). With
 recomputation the cuts are the plain model's (a recomputed model is cut between blocks only:
 close, not equal).
 
@@ -138,7 +141,7 @@ def _stage_shapes(model, config) -> tuple:
     paths = {path: owner[id(v)] for path, v in dtensor.named_variables(model).items()}
     result = []
     for stage in pipeline_stages.plan(model, config.runtime.pipeline_stages,
-                                      config.runtime.stage_rules):
+                                      config.runtime.stage_rules, config.runtime.virtual_stages):
         layers = set(stage.layers)
         per_example, recomputed, _ = _activation_elements(model, layers)
         result.append(StageShapes(frozenset(p for p, name in paths.items() if name in layers),
@@ -233,26 +236,16 @@ def plan(shapes: ModelShapes, config, target: Target, policy: str,
     name = (f"a {target.tpu_type or 'TPU'} {target.replica_word}" if target.kind == "tpu" else
             f"a {gpu_type or DEFAULT_GPU} GPU" if target.kind == "gpu" else "this host's memory")
     if shapes.stages:  # each stage keeps its micro-batches in flight, as the schedule runs them
-        kind, microbatches = config.runtime.pipeline_schedule, config.runtime.microbatches
-        count = len(shapes.stages)
-        in_flight = pipeline_schedule.max_in_flight(
-            pipeline_schedule.schedule(kind, count, microbatches), count)
         replicas = config.runtime.pipeline_replicas  # each copy runs its share of the batch
-        micro = max(config.data.batch_size // (microbatches * replicas), 1)
-        element = (2 if mixed else 4) * micro
-        stages = []
-        for stage, held in zip(shapes.stages, in_flight):
-            parts = _weight_parts([w for w in shapes.weights if w.path in stage.paths], specs,
-                                  dims, config, mixed)
-            parts["activations"] = held * element * (stage.per_example_recomputed if remat
-                                                     else stage.per_example)
-            stages.append((parts, held))
-        parts, held = max(stages, key=lambda s: sum(s[0].values()))
-        without = max(h * element * stage.per_example
-                      for stage, h in zip(shapes.stages, in_flight))
+        micro = max(config.data.batch_size // (config.runtime.microbatches * replicas), 1)
+        stages, without = _stage_parts(shapes, config, (specs, dims), micro, mixed, remat)
+        parts, held = max(((p, h) for p, h, _ in stages), key=lambda s: sum(s[0].values()))
+        kind, virtual = config.runtime.pipeline_schedule, config.runtime.virtual_stages
         return Plan(name, device_bytes(target, gpu_type), devices, micro, parts, without, remat,
                     stages=[{**p, "bytes": sum(p.values()), "schedule": kind,
-                             "microbatches_in_flight": h} for p, h in stages],
+                             "microbatches_in_flight": h,
+                             **({"chunks": chunks} if virtual > 1 else {})}
+                            for p, h, chunks in stages],
                     in_flight=held)
     parts = _weight_parts(shapes.weights, specs, dims, config, mixed)
     micro = max(config.data.batch_size // replicas, 1)
@@ -261,6 +254,36 @@ def plan(shapes: ModelShapes, config, target: Target, policy: str,
                                       else shapes.per_example)
     return Plan(name, device_bytes(target, gpu_type), devices, micro, parts,
                 element * shapes.per_example, remat)
+
+
+def _stage_parts(shapes: ModelShapes, config, layout: tuple, micro: int, mixed: bool,
+                 remat: bool) -> tuple[list, int]:
+    """Per stage (device): its parts (the weights of its chunks, `interleaved`: V of them, and
+    the activations of the micro-batches in flight on each chunk at the stage's peak), the
+    micro-batches in flight and its chunks; and the most activations any stage would hold
+    without recomputation. `layout`: (weight specs, mesh dims); `micro`: a micro-batch's
+    examples."""
+    runtime, element = config.runtime, (2 if mixed else 4) * micro
+    virtual = runtime.virtual_stages
+    count = len(shapes.stages) // virtual  # the stages the shapes were cut into
+    actions = pipeline_schedule.schedule(runtime.pipeline_schedule, count,
+                                         runtime.microbatches, virtual)
+    in_flight = pipeline_schedule.max_in_flight(actions, count)
+
+    def peak(attribute: str) -> list:
+        return pipeline_schedule.peak_held(actions, count, lambda action: element * getattr(
+            shapes.stages[action.chunk(count)], attribute))
+
+    kept = peak("per_example_recomputed" if remat else "per_example")
+    stages = []
+    for stage in range(count):
+        chunks = list(range(stage, count * virtual, count))
+        paths = frozenset().union(*(shapes.stages[c].paths for c in chunks))
+        parts = _weight_parts([w for w in shapes.weights if w.path in paths], *layout, config,
+                              mixed)
+        parts["activations"] = int(kept[stage])
+        stages.append((parts, in_flight[stage], chunks))
+    return stages, int(max(peak("per_example")))
 
 
 def _weight_parts(weights, specs: dict, dims: dict, config, mixed: bool) -> dict:
@@ -366,10 +389,12 @@ def _changes(config, devices: int) -> list[str]:
 
 def _schedule_changes(config) -> list[str]:
     """Pipeline changes that cost no step time, first: 1f1b (at most S - s micro-batches in
-    flight on stage s, where gpipe holds all M) and more, smaller micro-batches (under 1f1b a
-    stage still holds at most S - s of them; the bubble shrinks too)."""
+    flight on stage s, where gpipe holds all M; not from interleaved, whose bubble is smaller)
+    and more, smaller micro-batches (under 1f1b a stage still holds at most S - s of them; the
+    bubble shrinks too)."""
     runtime, batch = config.runtime, config.data.batch_size
-    changes = [] if runtime.pipeline_schedule == "1f1b" else ["runtime.pipeline_schedule=1f1b"]
+    changes = ([] if runtime.pipeline_schedule in ("1f1b", "interleaved") else
+               ["runtime.pipeline_schedule=1f1b"])
     return changes + [f"runtime.microbatches={runtime.microbatches * k}" for k in (2, 4)
                       if batch % (runtime.microbatches * k) == 0]
 

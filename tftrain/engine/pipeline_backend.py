@@ -1,7 +1,8 @@
 """The pipeline backend (`runtime.strategy=pipeline`): the model's layers cut into stages, one
 device each, trained with micro-batches in the order of `runtime.pipeline_schedule`
-(`runtime.pipeline_model`, `runtime.pipeline_schedule`); `runtime.pipeline_replicas` copies of
-the whole pipeline on this host, trained data-parallel.
+(`runtime.pipeline_model`, `runtime.pipeline_schedule`; under `interleaved`, cut into
+`runtime.virtual_stages` chunks per stage, chunk c on stage c % S); `runtime.pipeline_replicas`
+copies of the whole pipeline on this host, trained data-parallel.
 
 Everything but the model is the one-device story (`StrategyBackend` on the default strategy):
 seeds, precision, the input pipeline, evaluation data, the export directory. The ordinary
@@ -28,7 +29,9 @@ class PipelineBackend(backends.StrategyBackend):
     the order of `runtime.pipeline_schedule`; `runtime.pipeline_replicas` copies of them."""
 
     def __init__(self, config: config_lib.Config):
-        pipeline_schedule.check(config.runtime.pipeline_schedule)
+        runtime = config.runtime
+        pipeline_schedule.check(runtime.pipeline_schedule, runtime.pipeline_stages,
+                                runtime.microbatches, runtime.virtual_stages)
         self.devices = pipeline_stages.devices(config.runtime)
         super().__init__(config, tf.distribute.get_strategy(), jit_compile=False)
         self.name = "pipeline"
@@ -45,18 +48,22 @@ class PipelineBackend(backends.StrategyBackend):
         task = tasks.from_config(config, manifest)
         with tf.device("/device:CPU:0"):
             model = backends.build_plain_model(config, manifest, task)
-        self._plan = pipeline_stages.plan(model, config.runtime.pipeline_stages,
-                                          config.runtime.stage_rules)
-        self._stages = pipeline_stages.build(model, self._plan, self.devices)
+        runtime = config.runtime  # interleaved: S x V chunks, chunk c on stage c % S
+        self._plan = pipeline_stages.plan(model, runtime.pipeline_stages, runtime.stage_rules,
+                                          runtime.virtual_stages)
+        devices = pipeline_stages.chunk_devices(self.devices, runtime.pipeline_stages,
+                                                runtime.virtual_stages)
+        self._stages = pipeline_stages.build(model, self._plan, devices)
         count = len(self._plan)
         for index, stage in enumerate(self._plan):
-            logging.info("stage %d on %s: %d layers (%s .. %s), %s parameters", index,
-                         ", ".join(self.devices[index::count]), len(stage.layers),
+            logging.info("%s %d on %s: %d layers (%s .. %s), %s parameters",
+                         "chunk" if runtime.virtual_stages > 1 else "stage", index,
+                         ", ".join(devices[index::count]), len(stage.layers),
                          stage.layers[0], stage.layers[-1], f"{stage.parameters:,}")
         trainer = pipeline_model.PipelineModel(
-            self._stages, self.devices, config.runtime.microbatches,
-            config.train.grad_accum_steps, config.runtime.pipeline_schedule,
-            replicas=self.num_replicas, name=f"{model.name}_pipeline")
+            self._stages, devices, runtime.microbatches, config.train.grad_accum_steps,
+            runtime.pipeline_schedule, replicas=self.num_replicas,
+            virtual_stages=runtime.virtual_stages, name=f"{model.name}_pipeline")
         trainer.compile(optimizer=optimizers.make_optimizer(config.train, plan.schedule_epoch_steps,
                                                             plan.total_steps),
                         loss=task.loss(), metrics=task.metrics(), jit_compile=False,
@@ -78,29 +85,40 @@ class PipelineBackend(backends.StrategyBackend):
 
     def summary(self, trainer: keras.Model) -> dict:
         """The backend's part of `summary.json`: each stage's device (replica 0's), layers and
-        bytes; the schedule, its bubble and the most micro-batches each stage held at once;
-        the replicas and the devices of each one's stages."""
-        optimizer = run_memory.bytes_by_device(run_memory.optimizer_state(trainer.optimizer))
+        bytes (under `interleaved`, each chunk's, in model order); the schedule, its bubble and
+        the most micro-batches each stage (device) held at once; the replicas and the devices
+        of each one's stages."""
+        slots = run_memory.optimizer_state(trainer.optimizer)
+        optimizer = run_memory.bytes_by_device(slots)
+        virtual, count = trainer.virtual_stages, trainer.pipeline_stages
         stages = []
-        for stage, model, device in zip(self._plan, self._stages, self.devices):
+        for stage, model, device in zip(self._plan, self._stages, trainer.devices):
             placed = {v.device for v in model.weights}
             weights = sum(run_memory.bytes_by_device(model.weights).values())
+            held = (sum(optimizer.get(d, 0) for d in placed) if virtual == 1 else
+                    _chunk_optimizer_bytes([v for v in slots if v.device in placed], model))
             stages.append({"device": device, "layers": list(stage.layers),
                            "parameters": stage.parameters,
                            "receives": list(stage.inputs), "sends": list(stage.outputs),
-                           "bytes": {"weights": weights,
-                                     "optimizer": sum(optimizer.get(d, 0) for d in placed)}})
+                           "bytes": {"weights": weights, "optimizer": held}})
         microbatches, kind = trainer.microbatches, trainer.schedule
-        actions = pipeline_schedule.schedule(kind, len(stages), microbatches)
-        replicas = [trainer.replica(r)[1] for r in range(trainer.replicas)]
+        actions = pipeline_schedule.schedule(kind, count, microbatches, virtual)
+        replicas = [list(dict.fromkeys(trainer.replica(r)[1])) for r in range(trainer.replicas)]
         return {"strategy": "pipeline", "num_replicas": trainer.replicas, "num_workers": 1,
                 "jit_compile": False,
                 "pipeline": {"stages": stages, "replicas": trainer.replicas,
-                             "replica_devices": replicas,
+                             "replica_devices": replicas, "virtual_stages": virtual,
                              "microbatches": microbatches, "schedule": kind,
                              "bubble_fraction": round(pipeline_schedule.bubble_fraction(
-                                 kind, len(stages), microbatches), 4),
-                             "max_in_flight": pipeline_schedule.max_in_flight(actions,
-                                                                              len(stages)),
+                                 kind, count, microbatches, virtual), 4),
+                             "max_in_flight": pipeline_schedule.max_in_flight(actions, count),
                              "balanced_by": "stage_rules" if self._rules else
                              "parameter bytes"}}
+
+
+def _chunk_optimizer_bytes(slots, chunk) -> int:
+    """The bytes of the optimizer `slots` (those on `chunk`'s device) of `chunk`'s weights (a
+    slot is named after its weight: `m/<layer>/kernel`): a stage holds several chunks."""
+    names = [f"/{layer.name}/" for layer in chunk.layers if layer.trainable_weights]
+    return sum(run_memory.bytes_by_device(
+        [v for v in slots if any(name in v.name for name in names)]).values())

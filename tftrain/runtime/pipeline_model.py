@@ -5,25 +5,28 @@ forward through the stages in order, stage s on its device, and then backward in
 last stage's tape gives the gradient of the loss with respect to its weights and its inputs,
 which is handed to the stage before as `output_gradients`, and so on; each stage's backward ops
 run under its device, beside its variables. The order in which a stage runs its passes is the
-schedule's (`runtime.pipeline_schedule`, `runtime.pipeline_schedule` module: `1f1b` or
-`gpipe`): the step's graph is written in the schedule's order and each pass of a stage depends
-on the stage's previous pass (`tf.control_dependencies`), so TensorFlow's dataflow executor,
-which starts an op as soon as its inputs exist, runs each stage in that order while different
-stages overlap. The gradients are summed over the micro-batches on each stage's device (in
-micro-batch order under both schedules) and their mean applied once, so a step is one update
-over the whole batch (a loss that averages over the batch gives the one-device gradient;
-BatchNormalization sees micro-batch statistics, as in GPipe).
+schedule's (`runtime.pipeline_schedule`, `runtime.pipeline_schedule` module: `1f1b`, `gpipe`
+or `interleaved`): the step's graph is written in the schedule's order and each pass of a stage
+depends on the stage's previous pass (`tf.control_dependencies`), so TensorFlow's dataflow
+executor, which starts an op as soon as its inputs exist, runs each stage in that order while
+different stages overlap. Under `interleaved` the model is cut into S x V chunks, chunk c on
+stage c % S: the chain is the stage's (its device's), through the passes of all its chunks.
+The gradients are summed over the micro-batches on each stage's device (in micro-batch order
+under every schedule) and their mean applied once, so a step is one update over the whole batch
+(a loss that averages over the batch gives the one-device gradient; BatchNormalization sees
+micro-batch statistics, as in GPipe).
 
 `replicas` = R > 1 (`runtime.pipeline_replicas`) trains R copies of the pipeline side by side,
-replica r's stage s on device r * S + s: each group's batch is split into R consecutive slices,
-replica r runs the schedule on slice r, and each stage's gradient sums are averaged over its R
-copies (all-reduced: added on replica 0's device of that stage, divided by R x M, copied to the
-other copies' devices); one `apply_gradients` then applies the same averaged gradient to every
-copy, whose optimizer slots start equal and see equal gradients, so the copies stay equal
-(BatchNormalization's moving statistics, updated by each copy from its own slice, are set to
-their mean over the copies after the update). The step is one update over the whole batch, as
-with one replica. On GPUs a NCCL all-reduce among the R devices of a stage would avoid sending
-every copy's sums through one device; the explicit sum is what runs on either.
+replica r's stage s on device r * S + s (its chunk c on r * S + c % S): each group's batch is
+split into R consecutive slices, replica r runs the schedule on slice r, and each stage's
+gradient sums are averaged over its R copies (all-reduced: added on replica 0's device of that
+stage, divided by R x M, copied to the other copies' devices); one `apply_gradients` then
+applies the same averaged gradient to every copy, whose optimizer slots start equal and see
+equal gradients, so the copies stay equal (BatchNormalization's moving statistics, updated by
+each copy from its own slice, are set to their mean over the copies after the update). The step
+is one update over the whole batch, as with one replica. On GPUs a NCCL all-reduce among the R
+devices of a stage would avoid sending every copy's sums through one device; the explicit sum
+is what runs on either.
 
 `train.grad_accum_steps` = k runs k such pipelined groups in a `tf.while_loop` and applies
 once (the input batches `k * data.batch_size`). Under `mixed_float16` the loss is scaled
@@ -57,6 +60,13 @@ class _MicroBatch:
         self.targets, self.outputs = [None] * stages, [None] * stages
 
 
+def scope(action, stages: int, virtual: int) -> str:
+    """The name scope of an action's ops: `stage_1_forward_0`, under `interleaved`
+    `stage_1_chunk_3_forward_0` (stage 1's pass of the model's chunk 3)."""
+    chunk = f"chunk_{action.chunk(stages)}_" if virtual > 1 else ""
+    return f"stage_{action.stage}_{chunk}{action.kind}_{action.microbatch}"
+
+
 def _slice(structure, index, size):
     """Examples `index * size` to `(index + 1) * size` of every tensor of a batch structure
     (None stays None)."""
@@ -68,21 +78,30 @@ def _slice(structure, index, size):
 class PipelineModel(keras.Model):
     """`stages` (functional models) chained on `devices`, trained with micro-batches. With
     `replicas` = R, `stages` and `devices` hold R copies of the pipeline one after another
-    (replica r's stage s at r * S + s), trained data-parallel; `call` runs replica 0's."""
+    (replica r's stage s at r * S + s), trained data-parallel; `call` runs replica 0's. With
+    `virtual_stages` = V (`interleaved`), each copy is S x V chunks in model order, chunk c
+    on the device of stage c % S (`devices` names each chunk's)."""
 
     def __init__(self, stages, devices, microbatches: int, groups: int = 1,
-                 schedule: str = "1f1b", replicas: int = 1, **kwargs):
+                 schedule: str = "1f1b", replicas: int = 1, virtual_stages: int = 1, **kwargs):
         super().__init__(**kwargs)
-        pipeline_schedule.check(schedule)
-        if len(stages) % replicas or len(devices) != len(stages):
+        if len(stages) % (replicas * virtual_stages) or len(devices) != len(stages):
             raise ValueError(f"{len(stages)} stages on {len(devices)} devices are not "
-                             f"{replicas} equal copies of a pipeline")
+                             f"{replicas} equal copies of a pipeline of {virtual_stages} "
+                             "chunks per stage")
         self.stages = list(stages)
         self.devices = list(devices)
         self.microbatches = microbatches
         self.groups = groups
         self.schedule = schedule
         self.replicas = replicas
+        self.virtual_stages = virtual_stages
+        pipeline_schedule.check(schedule, self.pipeline_stages, microbatches, virtual_stages)
+
+    @property
+    def pipeline_stages(self) -> int:
+        """S, the stages (devices) of one replica; each runs `virtual_stages` of its chunks."""
+        return len(self.stages) // (self.replicas * self.virtual_stages)
 
     def replica(self, index: int) -> tuple[list, list]:
         """Replica `index`'s stages and their devices."""
@@ -148,26 +167,29 @@ class PipelineModel(keras.Model):
         return list(sums[index]) + micro.upstream
 
     def _pipeline(self, replica: int, x, y, sample_weight, sums):
-        """Replica `replica`'s pipeline on (x, y, sample_weight): every stage's forward and
+        """Replica `replica`'s pipeline on (x, y, sample_weight): every chunk's forward and
         backward of every micro-batch, in the schedule's order; its `sums` grown.
 
-        Each pass runs under a control dependency on its stage's previous pass: without it
-        the executor may run every forward before any backward (or in any other order their
-        inputs allow), and a stage would hold more activations than the schedule says."""
+        Each pass runs under a control dependency on its stage's previous pass (whichever of
+        the stage's chunks that ran): without it the executor may run every forward before
+        any backward (or in any other order their inputs allow), and a stage would hold more
+        activations than the schedule says."""
         stages, devices = self.replica(replica)
         size = tf.shape(tf.nest.flatten(x)[0])[0] // self.microbatches
         micro = [_MicroBatch(functools.partial(_slice, index=m, size=size), len(stages))
                  for m in range(self.microbatches)]
-        previous = [[] for _ in stages]  # per stage: the tensors that ended its last pass
-        for action in pipeline_schedule.schedule(self.schedule, len(stages), self.microbatches):
-            s = action.stage
-            with tf.device(devices[s]), tf.control_dependencies(previous[s]), \
-                    tf.name_scope(f"stage_{s}_{action.kind}_{action.microbatch}"):
+        count = self.pipeline_stages
+        previous = [[] for _ in range(count)]  # per stage (device): what ended its last pass
+        for action in pipeline_schedule.schedule(self.schedule, count, self.microbatches,
+                                                 self.virtual_stages):
+            s, c = action.stage, action.chunk(count)
+            with tf.device(devices[c]), tf.control_dependencies(previous[s]), \
+                    tf.name_scope(scope(action, count, self.virtual_stages)):
                 if action.kind == pipeline_schedule.FORWARD:
-                    previous[s] = self._forward(stages, s, micro[action.microbatch],
+                    previous[s] = self._forward(stages, c, micro[action.microbatch],
                                                 (x, y, sample_weight))
                 else:
-                    previous[s] = self._backward(stages, s, micro[action.microbatch], sums)
+                    previous[s] = self._backward(stages, c, micro[action.microbatch], sums)
 
     def _group(self, x, y, sample_weight, sums):
         """One pipelined group: each replica's pipeline on its consecutive 1/R of the batch,

@@ -140,10 +140,16 @@ def _balanced(graph: Graph, candidates: list[int], count: int) -> list[int]:
     return sorted(cuts)[1:]
 
 
-def plan(model, count: int, rules: str = "") -> list[Stage]:
-    """The model cut into `count` stages: after the layers `rules` names (comma-separated),
-    else balanced by parameter bytes. ConfigError, in one line, when it cannot be cut so."""
+def plan(model, count: int, rules: str = "", virtual: int = 1) -> list[Stage]:
+    """The model cut into `count` stages (x `virtual` chunks each, `interleaved`: `count` x
+    `virtual` parts in model order): after the layers `rules` names (comma-separated), else
+    balanced by parameter bytes. ConfigError, in one line, when it cannot be cut so."""
     graph = Graph.of(model)
+    what = f"runtime.pipeline_stages={count}"
+    if virtual > 1:
+        count *= virtual
+        what += f" x runtime.virtual_stages={virtual} = {count} chunks"
+    noun = "chunks" if virtual > 1 else "stages"
     candidates = graph.candidates()
     if rules:
         named = [name.strip() for name in rules.split(",") if name.strip()]
@@ -158,14 +164,14 @@ def plan(model, count: int, rules: str = "") -> list[Stage]:
             cuts.append(position)
         if len(cuts) != count - 1 or cuts != sorted(set(cuts)):
             raise ConfigError(f"runtime.stage_rules must name {count - 1} distinct layers in "
-                              f"model order for runtime.pipeline_stages={count}; got {named}")
+                              f"model order for {what}; got {named}")
     else:
         cuts = _balanced(graph, candidates, count)
         if len(cuts) != count - 1:
             raise ConfigError(
-                f"model {model.name!r} cannot be cut into runtime.pipeline_stages={count} stages "
-                f"that each hold weights: it has {len(candidates)} place(s) where one activation "
-                "alone crosses between its layers; use fewer stages")
+                f"model {model.name!r} cannot be cut into {what}{' stages' * (virtual == 1)}"
+                f" that each hold weights: it has {len(candidates)} place(s) where one "
+                f"activation alone crosses between its layers; use fewer {noun}")
     return _stages(graph, cuts)
 
 
@@ -218,6 +224,13 @@ def build(model, stages: list[Stage], devices: list[str]) -> list:
         built.append(part)
     copy_weights(model, built)
     return built
+
+
+def chunk_devices(devices: list[str], stages: int, virtual: int) -> list[str]:
+    """The device of each chunk of each replica (`interleaved`): of R x S `devices`, replica
+    r's chunk c (of S x `virtual`) on device r * S + c % S; `virtual` = 1 gives `devices`."""
+    return [devices[start + chunk % stages] for start in range(0, len(devices), stages)
+            for chunk in range(stages * virtual)]
 
 
 def copy_weights(source, targets) -> None:
