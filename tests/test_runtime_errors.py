@@ -275,3 +275,19 @@ def test_out_of_memory_ends_in_one_line_that_points_to_check(tmp_path, digits_di
                       "the memory a run needs and suggests a change that fits (a smaller "
                       "data.batch_size, train.grad_accum_steps, model.params.remat, "
                       "runtime.mixed_precision)"], errors
+
+
+@pytest.mark.parametrize("model_dir,line", [
+    ("/sys/tftrain-test-run", "permission denied: /sys/tftrain-test-run. Write somewhere you "
+     "may write (--model_dir, --output), or fix the directory's permissions"),
+    ("/proc/tftrain-test-run", "not found: /proc/tftrain-test-run (no such file or directory, or "
+     "a place where none can be made): check the paths `tftrain train` was given (--model_dir, "
+     "data.dir, --output, --model) and that nothing removed them while it ran"),
+])
+def test_a_run_directory_that_cannot_be_made_is_one_line(model_dir, line, digits_dir, cli,
+                                                         capsys):
+    """Places even root cannot write (the suite runs as root, which ignores permission bits):
+    sysfs refuses a new directory (EPERM), procfs has none to give (ENOENT)."""
+    code = cli("train", f"--model_dir={model_dir}", f"--params_override=data.dir={digits_dir}")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and err == [f"tftrain train: error: {line}"], err

@@ -201,7 +201,8 @@ _PEER = re.compile(r"/job:worker/replica:0/task:(\d+)")
 
 def system_error_message(command: str, error: BaseException) -> str | None:
     """One line for what the machine or the cluster refused while a command ran: a path too
-    long or not writable, memory exhausted, a peer worker lost; None for other errors."""
+    long, not writable or not found, memory exhausted, a peer worker lost; None for other
+    errors."""
     text = str(error).splitlines()[0] if str(error) else ""
     path = getattr(error, "filename", None) or ""
     kind = type(error).__name__
@@ -213,6 +214,11 @@ def system_error_message(command: str, error: BaseException) -> str | None:
         where = path or text.split(";")[0]
         return (f"permission denied: {where}. Write somewhere you may write (--model_dir, "
                 "--output), or fix the directory's permissions")
+    if kind == "NotFoundError" or isinstance(error, FileNotFoundError):
+        where = path or text.split(";")[0]
+        return (f"not found: {where} (no such file or directory, or a place where none can be "
+                f"made): check the paths `{PROG} {command}` was given (--model_dir, data.dir, "
+                "--output, --model) and that nothing removed them while it ran")
     if kind == "ResourceExhaustedError" or isinstance(error, MemoryError):
         return (f"out of memory while `{PROG} {command}` ran ({kind}): `{PROG} check "
                 "--config=... --target=...` plans the memory a run needs and suggests a change "
