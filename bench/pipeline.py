@@ -5,7 +5,8 @@ with M micro-batches.
                                        [--batch_size=32] [--steps=5]
     .venv/bin/python bench/pipeline.py --schedules [--width=128] [--num_layers=4]
                                        [--sequence_length=512] [--microbatch_size=4]
-                                       [--counts=4,8,16] [--schedule_names=gpipe,1f1b]
+                                       [--counts=4,8,16]
+                                       [--schedule_names=gpipe,1f1b,interleaved,1f1bx2]
 
 The same `transformer_lm` (tftrain's builder, Adam, float32) trains `--steps` steps on random
 token ids after one warm-up step: once as one model on one device, then cut into stages by
@@ -16,9 +17,10 @@ virtual CPU devices that share this machine's cores, so the table shows the sche
 command on a host with S GPUs (it uses them when present) to measure the overlap, and compare
 the step time with the bubble fraction (S-1)/(M+S-1). Prints the CPU and the table.
 
-`--schedules`: 2 stages under `gpipe` and `1f1b` (`runtime.pipeline_schedule`) at 4, 8 and 16
-micro-batches of `--microbatch_size` windows each (the batch grows with the count), on an
-activation-heavy model (long windows). Besides the step time, three figures of the timed steps
+`--schedules`: 2 stages under `gpipe`, `1f1b` and `interleaved` (2 chunks per stage;
+`runtime.pipeline_schedule`), and 2 stages x 2 replicas under `1f1b` on 4 devices (`1f1bx2`),
+at 4, 8 and 16 micro-batches of `--microbatch_size` windows each (the batch grows with the
+count, and doubles for the 2 replicas), on an activation-heavy model (long windows). Besides the step time, three figures of the timed steps
 (after a warm-up step): TensorFlow's allocator peak (the tensors: weights, optimizer state,
 gradients and the activations the schedule holds; what a GPU's memory would show), what the
 allocator still holds after the steps (weights, optimizer state, and what the step's program
@@ -61,25 +63,33 @@ def planned_stage_bytes(args, params, length, vocab):
         f"model.name=transformer_lm,model.params={json.dumps(params)},train.optimizer=adam,"
         f"data.batch_size={args['batch_size']},runtime.strategy=pipeline,"
         f"runtime.pipeline_stages={args['stages']},runtime.microbatches={args['microbatches']},"
-        f"runtime.pipeline_schedule={args.get('schedule', '1f1b')}"))
+        f"runtime.pipeline_schedule={args.get('schedule', '1f1b')},"
+        f"runtime.virtual_stages={args.get('virtual', 1)},"
+        f"runtime.pipeline_replicas={args.get('replicas', 1)}"))
     shapes = memory.shapes_of(config, lambda p: models.build_model(
         "transformer_lm", p, (length,), vocab, {"vocab_size": vocab, "sequence_length": length}))
     found = memory.plan(shapes, config, Target("cpu", 1), "float32")
-    return [stage["bytes"] for stage in found.stages]
+    return [stage["bytes"] for stage in found.stages] * args.get("replicas", 1)
 
 
 args = json.loads(sys.argv[1])
 stages, microbatches = args["stages"], args["microbatches"]
-devices = pipeline_stages.devices(RuntimeConfig(pipeline_stages=max(stages, 2)))[:stages]
+virtual, replicas = args.get("virtual", 1), args.get("replicas", 1)
+devices = pipeline_stages.devices(RuntimeConfig(pipeline_stages=max(stages, 2),
+                                                pipeline_replicas=replicas))[:stages * replicas]
 length, vocab = args["sequence_length"], 1024
 keras.utils.set_random_seed(0)  # the same initial weights in every setting
 params = {k: args[k] for k in ("width", "num_layers", "num_heads", "mlp_width")}
 model = models.build_model("transformer_lm", params, (length,), vocab,
                            {"vocab_size": vocab, "sequence_length": length})
 if stages > 1:
-    parts = pipeline_stages.build(model, pipeline_stages.plan(model, stages), devices)
-    model = pipeline_model.PipelineModel(parts, devices, microbatches,
-                                         schedule=args.get("schedule", "1f1b"))
+    chunks = pipeline_stages.plan(model, stages, virtual=virtual)
+    placed = pipeline_stages.chunk_devices(devices, stages, virtual)
+    parts = [part for r in range(replicas) for part in pipeline_stages.build(
+        model, chunks, placed[r * stages * virtual:(r + 1) * stages * virtual])]
+    model = pipeline_model.PipelineModel(parts, placed, microbatches,
+                                         schedule=args.get("schedule", "1f1b"),
+                                         replicas=replicas, virtual_stages=virtual)
 model.compile(keras.optimizers.Adam(1e-4),
               keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 ids = tf.constant(np.random.default_rng(0).integers(1, vocab, (args["batch_size"], length)),
@@ -118,11 +128,16 @@ def schedules(args: dict) -> None:
     micro-batches."""
     rows, counts, names = [], args.pop("counts"), args.pop("schedule_names")
     for micro in counts:
-        for schedule in names:
+        for name in names:
+            schedule, replicas = name.split("x") if "x" in name else (name, "1")
+            virtual = 2 if schedule == "interleaved" else 1
+            batch = micro * args["microbatch_size"] * int(replicas)
             r = run({**args, "stages": 2, "microbatches": micro, "schedule": schedule,
-                     "batch_size": micro * args["microbatch_size"]})
+                     "virtual": virtual, "replicas": int(replicas), "batch_size": batch})
             planned = sum(r["planned_stage_bytes"])
-            rows.append([schedule, micro, micro * args["microbatch_size"],
+            label = (f"{schedule}, V=2" if virtual > 1 else
+                     f"{schedule}, 2x{replicas} replicas" if replicas != "1" else schedule)
+            rows.append([label, micro, batch,
                          f"{r['seconds_per_step']:.3f}", f"{r['tensor_peak_bytes'] / 2**20:,.0f}",
                          f"{r['tensor_held_bytes'] / 2**20:,.0f}", f"{planned / 2**20:,.0f}",
                          f"{planned / r['tensor_peak_bytes']:.2f}",
@@ -131,7 +146,7 @@ def schedules(args: dict) -> None:
     print(f"transformer_lm width {args['width']}, {args['num_layers']} blocks, sequence "
           f"{args['sequence_length']}, micro-batches of {args['microbatch_size']} windows, "
           "2 stages on virtual CPU devices, Adam, float32")
-    print(markdown_table(["schedule", "micro-batches", "batch", "s/step",
+    print(markdown_table(["setting", "micro-batches", "batch", "s/step",
                           "tensors' peak MiB", "held after the step MiB",
                           "check's plan MiB", "plan / peak",
                           "process peak MiB", "loss"], rows))
@@ -141,7 +156,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schedules", action="store_true")
     parser.add_argument("--counts", default="4,8,16", help="--schedules: micro-batch counts")
-    parser.add_argument("--schedule_names", default="gpipe,1f1b", help="--schedules: which")
+    parser.add_argument("--schedule_names", default="gpipe,1f1b,interleaved,1f1bx2",
+                        help="--schedules: which (interleaved: 2 chunks per stage; 1f1bx2: 2 "
+                             "replicas of the 2 stages, on 4 devices)")
     for name, default in (("width", None), ("num_layers", None), ("num_heads", 4),
                           ("mlp_width", None), ("sequence_length", None), ("batch_size", 32),
                           ("microbatch_size", 4), ("steps", 5)):

@@ -291,3 +291,21 @@ def test_a_run_directory_that_cannot_be_made_is_one_line(model_dir, line, digits
     code = cli("train", f"--model_dir={model_dir}", f"--params_override=data.dir={digits_dir}")
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 1 and err == [f"tftrain train: error: {line}"], err
+
+
+def test_an_image_of_another_size_is_one_line(digits_copy, tmp_path, cli, capsys):
+    """A record whose image holds 10 of its 64 pixels' bytes: training stops at its batch."""
+    import tensorflow as tf
+
+    def cut_image(record: bytes) -> bytes:
+        example = tf.train.Example.FromString(record)
+        pixels = example.features.feature["image/encoded"].bytes_list.value
+        pixels[0] = pixels[0][:10]
+        return example.SerializeToString()
+
+    rewritten(digits_copy, "train", 3, cut_image)
+    code, err = train_error(cli, capsys, digits_copy, tmp_path / "run")
+    assert code == 1 and len(err) == 1, err
+    assert err[0].startswith(f"tftrain train: error: a record in {digits_copy} does not match "
+                             "its manifest: an image_encoding=raw image of 10 bytes where "
+                             "image_size 8x8x1 needs 64. "), err
