@@ -277,17 +277,19 @@ def test_an_interleaved_run_records_its_chunks_and_their_adam_state(text_dir, tm
     """`tftrain train --strategy=pipeline` with 2 stages x 2 chunks (4 blocks), Adam, 3 steps:
     the backend builds the chunks on alternating devices, and summary.json says so: the
     chunks in model order, each with its weights and Adam's two slots per weight counted on its
-    device, the bubble (S-1)/(V M + S-1) = 1/9 and the passes in flight per device."""
+    device, the bubble (S-1)/(V M + S-1) = 1/5 (2 micro-batches) and the passes in flight per
+    device."""
     run = tmp_path / "run"
     assert cli("train", "--config=text_lm", "--strategy=pipeline", f"--model_dir={run}",
                f"--params_override=data.dir={text_dir},model.params.num_layers=4,"
                "runtime.pipeline_schedule=interleaved,runtime.virtual_stages=2,"
-               "train.epochs=1,train.steps_per_epoch=3,train.validation_steps=1") == 0
+               "runtime.microbatches=2,train.epochs=1,train.steps_per_epoch=3,"
+               "train.validation_steps=1,train.test_steps=1") == 0
     summary = json.loads((run / "summary.json").read_text())
     pipeline = summary["pipeline"]
     assert (pipeline["schedule"], pipeline["virtual_stages"]) == ("interleaved", 2)
-    assert pipeline["bubble_fraction"] == round(1 / 9, 4)
-    assert pipeline["max_in_flight"] == [5, 3]
+    assert pipeline["bubble_fraction"] == round(1 / 5, 4)
+    assert pipeline["max_in_flight"] == [4, 3]
     assert [s["device"] for s in pipeline["stages"]] == DEVICES * 2
     assert [s["layers"][-1] for s in pipeline["stages"][:3]] == [
         f"block_{i}_mlp_residual" for i in range(3)]
