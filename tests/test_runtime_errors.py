@@ -309,3 +309,30 @@ def test_an_image_of_another_size_is_one_line(digits_copy, tmp_path, cli, capsys
     assert err[0].startswith(f"tftrain train: error: a record in {digits_copy} does not match "
                              "its manifest: an image_encoding=raw image of 10 bytes where "
                              "image_size 8x8x1 needs 64. "), err
+
+
+def test_verify_names_the_record_of_a_regression_target_that_is_not_finite(tmp_path, cli,
+                                                                           capsys):
+    """A CSV with a real-valued label, converted; one record's target rewritten as NaN (a float
+    still, framed validly, the manifest's size and sha256 matching)."""
+    import tensorflow as tf
+
+    source = tmp_path / "houses.csv"
+    source.write_text("rooms,area,price\n" + "".join(
+        f"{i % 5 + 1},{40 + i},{100 + 3.5 * i}\n" for i in range(40)))
+    data = tmp_path / "houses"
+    assert cli("convert", "--pipeline=csv", f"--input={source}", f"--output={data}",
+               "--pipeline_options=label_column=price") == 0
+    manifest = json.loads((data / "dataset.json").read_text())
+    key = manifest["info"]["label"]["name"]
+    assert manifest["features"][key]["dtype"] == "float32" and key == "price"
+
+    def not_finite(record: bytes) -> bytes:
+        example = tf.train.Example.FromString(record)
+        example.features.feature[key].float_list.value[:] = [float("nan")]
+        return example.SerializeToString()
+
+    rewritten(data, "train", 2, not_finite)
+    capsys.readouterr()
+    assert (f"{first_shard(data, 'train')}, record 2: label {key} is nan, not a finite "
+            "number") in verify_error(cli, capsys, data)

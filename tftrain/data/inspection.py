@@ -179,6 +179,9 @@ class ContentRules:
         info = manifest.get("info") or {}
         features = manifest["features"]
         key = manifest.get("label_key") or label_key(features, info)
+        named = info.get("label")  # a real-valued label (regression) is named here only
+        if key is None and isinstance(named, dict) and named.get("name") in features:
+            key = named["name"]
         classes = info.get("num_classes")
         vocab = info.get("vocab_size")
         tokens = tuple(name for name, f in features.items()
