@@ -54,6 +54,10 @@ def build_bases(work: str) -> dict:
     for name, text in files.items():
         with open(os.path.join(bases, name), "w") as f:
             f.write(text)
+    text = os.path.join(bases, "text")  # token windows: the content cases' token ids
+    if not os.path.exists(os.path.join(text, "dataset.json")):
+        write_dataset(load_pipeline("text", sequence_length=32), "", text, progress=False,
+                      num_shards=1, workers=1)
     run = os.path.join(bases, "run")  # the model content cases evaluate, prune and quantize
     if not os.path.exists(os.path.join(run, "summary.json")):
         with captured_output(run + ".out", run + ".err"):
@@ -61,7 +65,7 @@ def build_bases(work: str) -> dict:
                        f"--model_dir={run}",
                        f"--params_override=data.dir={dataset},train.steps_per_epoch=20")
         assert code == 0, "the content cases' model did not train"
-    return {"dataset": dataset, "run": run,
+    return {"dataset": dataset, "run": run, "text": text,
             **{name: os.path.join(bases, name) for name in files}}
 
 
@@ -374,6 +378,36 @@ def mutate_record(rng: random.Random, record: bytes) -> tuple[bytes, str]:
     return example.SerializeToString(), how
 
 
+TOKEN_CHANGES = ("past", "past", "negative", "huge", "float", "short", "long", "missing",
+                 "garbage", "valid")
+
+
+def mutate_tokens(rng: random.Random, record: bytes, vocab: int) -> tuple[bytes, str]:
+    """One token window changed in content: the new bytes and what changed."""
+    from tensorflow.core.example import example_pb2
+
+    example = example_pb2.Example.FromString(record)
+    tokens = example.features.feature["tokens"]
+    ids = list(tokens.int64_list.value)
+    at = rng.randrange(len(ids))
+    how = rng.choice(TOKEN_CHANGES)
+    if how in ("past", "negative", "huge", "valid"):
+        ids[at] = {"past": vocab + rng.randrange(1000), "negative": -1, "huge": 2**62,
+                   "valid": 5}[how]
+        tokens.int64_list.value[:] = ids
+        how = f"token {at} = {ids[at]}"
+    elif how == "float":
+        del example.features.feature["tokens"]
+        example.features.feature["tokens"].float_list.value[:] = [float(i) for i in ids]
+    elif how in ("short", "long"):
+        tokens.int64_list.value[:] = ids[:at] if how == "short" else ids + [5] * (at + 1)
+    elif how == "missing":
+        del example.features.feature["tokens"]
+    else:
+        return bytes(rng.randrange(256) for _ in range(rng.randint(1, 80))), how
+    return example.SerializeToString(), how
+
+
 def split_records(dataset: str, split: str) -> tuple[str, list[bytes]]:
     """The path of `split`'s first shard and its records (read with tftrain's own framing
     reader's format, by hand: length, its CRC, data, its CRC)."""
@@ -432,6 +466,8 @@ def content_problem(dataset: str, splits, counts: bool) -> str | None:
     from tensorflow.core.example import example_pb2
 
     manifest = json.load(open(os.path.join(dataset, "dataset.json")))
+    if "tokens" in manifest["features"]:
+        return tokens_problem(dataset, manifest, splits)
     classes = manifest["info"]["num_classes"]
     pixels = 1
     for size in manifest["info"]["image_size"]:
@@ -452,6 +488,25 @@ def content_problem(dataset: str, splits, counts: bool) -> str | None:
             found = collections.Counter(str(_label(r)) for r in records)
             if dict(found) != manifest["splits"][split].get("label_counts"):
                 return f"{split}: label counts differ from the manifest's"
+    return None
+
+
+def tokens_problem(dataset: str, manifest: dict, splits) -> str | None:
+    """The first token window of `splits` a language model cannot take (checked with protobuf
+    alone: one int64 list of the schema's length, every id in [0, vocab_size)), or None."""
+    from google.protobuf.message import DecodeError
+    from tensorflow.core.example import example_pb2
+
+    vocab, (length,) = manifest["info"]["vocab_size"], manifest["features"]["tokens"]["shape"]
+    for split in splits:
+        for index, record in enumerate(split_records(dataset, split)[1]):
+            try:
+                feature = example_pb2.Example.FromString(record).features.feature.get("tokens")
+            except DecodeError:
+                feature = None
+            ids = list(feature.int64_list.value) if feature is not None else []
+            if len(ids) != length or not all(0 <= i < vocab for i in ids):
+                return f"{split} record {index} cannot be trained on"
     return None
 
 
@@ -484,9 +539,12 @@ def run_for(bases: dict, case_dir: str, dataset: str) -> str:
 
 
 def content_case(rng, index, kind, bases, case_dir, sentinel):
-    """A copy of the digits dataset with one record of its validation or test split changed in
-    content and framed validly: inspect --verify it, then (by the case's index) train on it,
-    evaluate, prune or quantize the trained model on it."""
+    """A copy of the digits dataset (a quarter of the cases: of the token windows,
+    `tokens_case`) with one record of its validation or test split changed in content and
+    framed validly: inspect --verify it, then (by the case's index) train on it, evaluate,
+    prune or quantize the trained model on it."""
+    if rng.random() < 0.25:
+        return tokens_case(rng, index, bases, case_dir)
     dataset = os.path.join(case_dir, "digits")
     shutil.copytree(bases["dataset"], dataset)
     split = rng.choice(["validation", "test"])
@@ -514,6 +572,30 @@ def content_case(rng, index, kind, bases, case_dir, sentinel):
         commands.append(((*command, f"--model_dir={run_for(bases, case_dir, dataset)}",
                           f"--split={split}"), content_check(dataset, [split])))
     return what, commands
+
+
+
+def tokens_case(rng, index, bases, case_dir):
+    """A copy of the token windows with one window of its validation or test split changed in
+    content, framed validly: inspect --verify it, and now and then train a small language model
+    on it."""
+    dataset = os.path.join(case_dir, "text")
+    shutil.copytree(bases["text"], dataset)
+    split = rng.choice(["validation", "test"])
+    path, records = split_records(dataset, split)
+    at = rng.randrange(len(records))
+    vocab = json.load(open(os.path.join(dataset, "dataset.json")))["info"]["vocab_size"]
+    records[at], how = mutate_tokens(rng, records[at], vocab)
+    write_records(dataset, split, path, records, recount=False)
+    commands = [(("inspect", f"--data={dataset}", "--verify"),
+                 content_check(dataset, ["train", "validation", "test"]))]
+    if index % 4 == 0:
+        commands.append((("train", "--config=text_lm", f"--model_dir={case_dir}/run",
+                          f"--params_override=data.dir={dataset},model.params={{width: 16, "
+                          "num_layers: 1, num_heads: 2, mlp_width: 32},train.epochs=1,"
+                          "train.steps_per_epoch=2"),
+                         content_check(dataset, ["validation", "test"])))
+    return f"{split} window {at}: {how}", commands
 
 
 CASES = {"manifest": dataset_case, "shard": dataset_case, "yaml": config_case,

@@ -1,7 +1,8 @@
 """Fuzzing tftrain with hostile and damaged input (issues #23, #41): seeded mutations of
 manifests, shard bytes, YAML configs and CSV/JSONL rows, and of records' content in files whose
-framing, checksums and manifest stay valid (labels, types, image sizes, garbage payloads, label
-counts recounted or not: inspect --verify, then train, evaluate, prune or quantize on them),
+framing, checksums and manifest stay valid (labels, types, image sizes, token ids and window
+lengths, garbage payloads, label counts recounted or not: inspect --verify, then train, evaluate,
+prune or quantize on them),
 each run through the real CLI.
 
 Every case must end with exit 0 and a correct result, or with a non-zero exit and one error
@@ -239,3 +240,28 @@ def test_the_content_check_tells_damage_from_sound_content(tmp_path, digits_dir)
     check = fuzz_driver.content_check(dataset, ["test"])
     assert check(0, "") is None and check(1, "tftrain prune: error: pruning lost too much") is None
     assert check(1, "tftrain train: error: something else").startswith("exit 1 on sound content")
+
+
+def test_the_content_check_tells_damaged_token_windows(tmp_path, text_dir):
+    """Token windows: sound ones pass; an id past the vocabulary, a negative one and a window
+    of another length are caught; a valid id change is not."""
+    import random
+
+    from tests import fuzz_driver
+
+    dataset = str(tmp_path / "text")
+    shutil.copytree(text_dir, dataset)
+    assert fuzz_driver.content_problem(dataset, ["validation"], counts=False) is None
+    path, original = fuzz_driver.split_records(dataset, "validation")
+    vocab = json.load(open(os.path.join(dataset, "dataset.json")))["info"]["vocab_size"]
+    seen = set()
+    for seed in range(200):
+        records = list(original)
+        records[4], how = fuzz_driver.mutate_tokens(random.Random(seed), original[4], vocab)
+        kind = how.split(" = ")[-1] if how.startswith("token") else how
+        fuzz_driver.write_records(dataset, "validation", path, records, recount=False)
+        problem = fuzz_driver.content_problem(dataset, ["validation"], counts=False)
+        damaged = not (kind == "5" or how == "valid")
+        assert (problem == "validation record 4 cannot be trained on") == damaged, how
+        seen.add(damaged)
+    assert seen == {True, False}
