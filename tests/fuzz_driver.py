@@ -423,21 +423,18 @@ def split_records(dataset: str, split: str) -> tuple[str, list[bytes]]:
 
 def write_records(dataset: str, split: str, path: str, records: list[bytes],
                   recount: bool) -> None:
-    """`records` written to `path` with valid checksums; the manifest's size and sha256 of the
-    shard updated, and with `recount` its label counts too (a manifest consistent with the
-    damage)."""
-    from tftrain.data.record_file import masked_crc32c
+    """`records` written to `path` with valid checksums (tftrain's own `RecordFile`); the
+    manifest's size and sha256 of the shard updated, and with `recount` its label counts too
+    (a manifest consistent with the damage)."""
+    from tftrain.data.record_file import RecordFile
 
-    framed = bytearray()
-    for record in records:
-        length = struct.pack("<Q", len(record))
-        framed += length + masked_crc32c(length) + record + masked_crc32c(record)
-    open(path, "wb").write(bytes(framed))
+    with RecordFile(path) as shard:
+        for record in records:
+            shard.write(record)
     manifest_path = os.path.join(dataset, "dataset.json")
     manifest = json.load(open(manifest_path))
     entry = manifest["splits"][split]
-    entry["shards"][0]["bytes"] = len(framed)
-    entry["shards"][0]["sha256"] = hashlib.sha256(framed).hexdigest()
+    entry["shards"][0]["bytes"], entry["shards"][0]["sha256"] = shard.close()
     if recount:
         labels = [_label(record) for record in records]
         counts = collections.Counter(str(label) for label in labels if label is not None)

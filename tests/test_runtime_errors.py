@@ -44,6 +44,18 @@ def with_label(value: int):
     return change
 
 
+def with_image_cut_to(end: int):
+    """A record change: its raw image keeps the bytes before `end` (a Python slice's end)."""
+    def change(record: bytes) -> bytes:
+        import tensorflow as tf
+
+        example = tf.train.Example.FromString(record)
+        pixels = example.features.feature["image/encoded"].bytes_list.value
+        pixels[0] = pixels[0][:end]
+        return example.SerializeToString()
+    return change
+
+
 def train_error(cli, capsys, data, model_dir) -> tuple[int, list[str]]:
     code = cli("train", f"--model_dir={model_dir}", f"--params_override=data.dir={data},"
                "train.epochs=1,train.steps_per_epoch=50")
@@ -193,15 +205,7 @@ def test_verify_names_the_record_of_a_token_id_past_the_vocabulary(text_dir, tmp
 def test_verify_names_the_record_of_an_image_of_another_size(cut, digits_copy, cli, capsys):
     """The record parses (its image is one string, as the schema says) but holds 10 or 63 of
     the 64 pixels' bytes: it does not decode as training decodes it."""
-    import tensorflow as tf
-
-    def cut_image(record: bytes) -> bytes:
-        example = tf.train.Example.FromString(record)
-        pixels = example.features.feature["image/encoded"].bytes_list.value
-        pixels[0] = pixels[0][:cut]
-        return example.SerializeToString()
-
-    rewritten(digits_copy, "validation", 5, cut_image)
+    rewritten(digits_copy, "validation", 5, with_image_cut_to(cut))
     line = verify_error(cli, capsys, digits_copy)
     assert (f"{first_shard(digits_copy, 'validation')}, record 5: does not decode as the "
             "dataset's pipeline decodes it: ") in line, line
@@ -295,15 +299,7 @@ def test_a_run_directory_that_cannot_be_made_is_one_line(model_dir, line, digits
 
 def test_an_image_of_another_size_is_one_line(digits_copy, tmp_path, cli, capsys):
     """A record whose image holds 10 of its 64 pixels' bytes: training stops at its batch."""
-    import tensorflow as tf
-
-    def cut_image(record: bytes) -> bytes:
-        example = tf.train.Example.FromString(record)
-        pixels = example.features.feature["image/encoded"].bytes_list.value
-        pixels[0] = pixels[0][:10]
-        return example.SerializeToString()
-
-    rewritten(digits_copy, "train", 3, cut_image)
+    rewritten(digits_copy, "train", 3, with_image_cut_to(10))
     code, err = train_error(cli, capsys, digits_copy, tmp_path / "run")
     assert code == 1 and len(err) == 1, err
     assert err[0].startswith(f"tftrain train: error: a record in {digits_copy} does not match "
