@@ -111,6 +111,11 @@ def test_the_other_errors_are_named_by_kind():
                                       "sending heartbeats):\n/job:worker/replica:0/task:1")
     line = system_error_message("train", lost)
     assert line.startswith("worker 1 stopped answering") and "run the same command" in line
+    # worker 0's own collective, named before the list, is not the lost peer
+    own = tf.errors.UnavailableError(None, None, "Collective ops on /job:worker/replica:0/task:0"
+                                     " aborted: The following tasks are unhealthy (stopped "
+                                     "sending heartbeats):\n/job:worker/replica:0/task:1")
+    assert system_error_message("train", own).startswith("worker 1 stopped answering")
     assert system_error_message("train", ValueError("File name")) is None
 
 

@@ -226,7 +226,10 @@ def system_error_message(command: str, error: BaseException) -> str | None:
                 "model.params.remat, runtime.mixed_precision)")
     if kind in ("UnavailableError", "AbortedError", "CancelledError") and command == "train" \
             and (_UNHEALTHY.search(str(error)) or "Collective" in str(error)):
-        peer = _PEER.search(str(error))
+        # the unhealthy tasks are listed after TensorFlow's words; a task named before them
+        # (in the op's own device, say) is this worker
+        unhealthy = _UNHEALTHY.search(str(error))
+        peer = _PEER.search(str(error)[unhealthy.end():] if unhealthy else str(error))
         who = f"worker {peer.group(1)}" if peer else "a peer worker"
         return (f"{who} stopped answering (lost or unhealthy: TensorFlow's coordination "
                 "service saw no heartbeat, or a collective failed). Training stopped at the last "
