@@ -244,29 +244,30 @@ def test_transformer_lm_kernels_sharded_and_steps_through_fit_match_one_device(t
 
 def test_transformer_lm_trains_through_fit_on_a_mesh(text_dir, tmp_path):
     run = tmp_path / "run"
-    # The 60 steps of one device's bar (tests/shared_runs.py: 2 epochs of text_lm's 30) as one
-    # epoch: the training input is one endless stream and the cosine schedule counts the total
-    # steps, so the weights are the same (test perplexity 16.3441 both ways, measured), with one
-    # validation and one backup of the sharded weights instead of two (~7 s of CPU).
+    # 30 steps, one epoch: that 30 compiled steps on a mesh are those of one device is the
+    # question of the test above (5 steps, exact); this one asks the command: it trains, its
+    # summary reports the mesh, the layouts and the bytes per device, and its model learned
+    # (test perplexity 23.24 measured, against 26.68 for the data's unigram model; 60 steps,
+    # 16.3, cost 13 s more CPU).
     out = forked_cli.run(["train", "--config=text_lm", f"--model_dir={run}",
                           "--mesh=batch:2,model:2",
                           f"--params_override=data.dir={text_dir},runtime.strategy=dtensor,"
-                          "train.epochs=1,train.steps_per_epoch=60"],
+                          "train.epochs=1,train.steps_per_epoch=30"],
                          env=_env(), cwd=REPO, timeout=TIMEOUT)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["strategy"] == "dtensor" and summary["dtensor"]["mesh"] == "batch:2,model:2"
-    assert summary["steps"] == 60
+    assert summary["steps"] == 30
     assert summary["dtensor"]["layouts"]["block_1_attention._query_dense.kernel"] == (
         "unsharded,model,unsharded")
     # Weights + Adam's two moments per device: about half of one device's.
     memory = summary["dtensor"]["memory"]
     assert memory["optimizer_slots"] == 2
     assert memory["bytes_per_device"] <= 0.55 * memory["bytes_one_device"], memory
-    # One device's bar in the same steps (tests/test_language_model.py): the mesh learns as
-    # much per step (16.34 measured against the bar 0.7 * 26.68 = 18.68).
+    # Better than the unigram model of the same tokens: it learned from the context (an
+    # untrained model is near the vocabulary's size, ~100).
     unigram = unigram_perplexity(text_dir)
-    assert summary["eval"]["perplexity"] <= 0.7 * unigram, (summary["eval"], unigram)
+    assert summary["eval"]["perplexity"] <= 0.93 * unigram, (summary["eval"], unigram)
     # fit's streaming metrics on the mesh are right: perplexity = exp(the mean cross-entropy).
     validation = summary["validation"]
     assert validation["perplexity"] == pytest.approx(math.exp(validation["loss"]), rel=1e-3)
