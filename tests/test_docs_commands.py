@@ -3,9 +3,10 @@ flags with values it accepts, and (train, check, doctor) a config that builds wi
 overrides: a renamed flag or config key fails here, not in a user's terminal.
 
 These are checked, not run: README's `$` examples, the `make demo` recipe and every shipped
-config's header commands run as written in tests/test_documented_commands.py; running each
-page's commands too (trainings, TPU and GPU hosts, a user's own files) does not fit the suite's
-budget (docs/testing.md).
+config's header commands run as written in tests/test_documented_commands.py, the own-data
+guide's in tests/test_own_data_guide.py (on files it generates); running each page's commands
+too (trainings, TPU and GPU hosts, a user's own files) does not fit the suite's budget
+(docs/testing.md).
 """
 import glob
 import importlib
@@ -21,7 +22,8 @@ from tftrain import config as config_lib
 from tftrain.cli import COMMANDS
 
 ABSL_FLAGS = {"v", "verbosity", "logtostderr", "alsologtostderr", "log_dir"}
-SYNOPSIS = re.compile(r"\[|\bPATH_OR_NAME\b|\.\.\.|\bHOST:")  # "[--steps=100]", "PATH_OR_NAME"
+# "[--steps=100]", "PATH_OR_NAME" (not a YAML list in an override: `{hidden_units: [64]}`)
+SYNOPSIS = re.compile(r"\[--|\bPATH_OR_NAME\b|\.\.\.|\bHOST:")
 
 
 def docs_commands() -> list[tuple[str, str]]:
@@ -100,11 +102,14 @@ def after_the_demo() -> list[str]:
 
 def run_by_tests() -> set[str]:
     """Commands the suite runs as written: config headers, README's examples, the demo recipe
-    and the docs' commands on the demo's run (all in tests/test_documented_commands.py)."""
+    and the docs' commands on the demo's run (tests/test_documented_commands.py), and the
+    own-data guide's (tests/test_own_data_guide.py)."""
     from tests import test_documented_commands as documented
+    from tests.test_own_data_guide import guide_commands
 
     return ({c for _, c in documented.CONFIG_COMMANDS} | set(documented.demo_commands())
-            | {c for c, _ in documented.readme_examples()} | set(after_the_demo()))
+            | {c for c, _ in documented.readme_examples()} | set(after_the_demo())
+            | set(guide_commands()))
 
 
 def without_defaults(command: str) -> str:
