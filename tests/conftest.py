@@ -21,6 +21,10 @@ def pytest_configure(config):
     # whoever runs the tests; each test process and the runs it starts share it.
     os.environ.setdefault("TFTRAIN_CACHE_DIR", os.path.join(
         config.rootpath, ".pytest_cache", "tftrain"))
+    # One thread per op in each test process and every command it starts: the suite runs
+    # three processes on two cores, and TensorFlow's default (an intra-op pool as big as the
+    # machine in each) spends CPU spinning in pools that wait for a core.
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 
     quiet_start.import_tensorflow()
     import tensorflow as tf
@@ -171,9 +175,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The files that take longest, run first: `make test` runs one file per pytest process in
 # collection order (`--dist loadfile`), so a long file collected late keeps one process busy
 # alone at the end (the make demo test did, for ~5 of 23 minutes).
-LONGEST_FIRST = ("test_documented_commands.py", "test_multiworker.py", "test_launch_restarts.py",
-                 "test_fault_injection.py", "test_wheel.py", "test_dtensor.py", "test_check.py",
-                 "test_dtensor_transformer.py", "test_applications.py", "test_language_model.py")
+LONGEST_FIRST = ("test_documented_commands.py", "test_pipeline.py", "test_multiworker.py",
+                 "test_launch_restarts.py", "test_remat.py", "test_fault_injection.py",
+                 "test_exact_resume.py", "test_own_data_guide.py", "test_fuzz.py", "test_wheel.py",
+                 "test_dtensor.py", "test_check.py", "test_dtensor_transformer.py",
+                 "test_applications.py", "test_language_model.py")
 
 
 def pytest_collection_modifyitems(config, items):
