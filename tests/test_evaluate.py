@@ -55,3 +55,23 @@ def test_unknown_split_and_missing_flags(cli, capsys, digits_dir, exported):
     assert "has no split 'nope'" in capsys.readouterr().err
     assert cli("evaluate", f"--data={digits_dir}") == 2
     assert "--model" in capsys.readouterr().err
+
+
+def test_batches_are_the_runs_unless_given(cli, digits_dir, exported, tmp_path):
+    """A run's model is evaluated in batches of the run's data.batch_size (a large model's
+    bounded evaluation fits as its training steps did: lm_1b's `--steps=1` read 174 windows at
+    once at the old default), a model from elsewhere in 256s, --batch_size over both."""
+    import shutil
+
+    path, _ = exported
+    run = tmp_path / "run"
+    shutil.copytree(path, run / "export")
+    (run / "params.yaml").write_text("data:\n  batch_size: 8\ntask:\n  type: classification\n")
+    for model, given, batch in ((run / "export", [], 8), (path, [], 256),
+                                (run / "export", ["--batch_size=16"], 16)):
+        output = tmp_path / f"{batch}.json"
+        assert cli("evaluate", f"--model={model}", f"--data={digits_dir}", "--steps=1",
+                   f"--output={output}", *given) == 0
+        measured = json.loads(output.read_text())
+        whole = 189  # the digits test split: 256 holds it all
+        assert (measured["batch_size"], measured["num_examples"]) == (batch, min(batch, whole))

@@ -4,7 +4,8 @@ Prints the metrics of the model's task (accuracy and loss for a classifier; loss
 and R² for regression: the task of its run's params.yaml, else the one the dataset's label
 implies) and writes them as JSON (--output, default <model>/../eval_<split>.json), with the
 number of examples measured (num_examples) and the bound (steps: --steps=N evaluates at most the
-first N batches of the split; 0, the default, the whole split).
+first N batches of the split; 0, the default, the whole split) in batches of --batch_size
+(default: the batch size its run trained with, from params.yaml; else 256).
 Example: tftrain evaluate --model=runs/demo/export --data=data/digits --split=test
 TFRecords written by other tools (no dataset.json): add --pipeline=NAME, the pipeline whose
 schema they follow (--data is then a directory of <split>-* files or a glob with {split}).
@@ -19,7 +20,8 @@ FLAGS = flags.FLAGS
 use_flags(__name__, "data", "split", "output", "pipeline", "pipeline_options",
           "allow_python_in_model", "steps")
 flags.DEFINE_string("model", None, "SavedModel directory (e.g. RUN/export) or a .tflite file.")
-flags.DEFINE_integer("batch_size", 256, "Evaluation batch size.")
+flags.DEFINE_integer("batch_size", None, "Evaluation batch size (default: the run's "
+                     "data.batch_size for a run's model, else 256).")
 
 
 def main(argv):

@@ -45,7 +45,10 @@ def load_saved_model(path: str, allow_python: bool = False):
                            f"{(str(e).splitlines() or [''])[0][:300]}") from None
 
 
-def evaluate(model_path: str, data_dir: str, split: str, batch_size: int = 256,
+DEFAULT_BATCH_SIZE = 256  # a model from outside a run
+
+
+def evaluate(model_path: str, data_dir: str, split: str, batch_size: int | None = None,
              output: str | None = None, pipeline: str | None = None,
              pipeline_options: dict | None = None, allow_python: bool = False,
              steps: int = 0) -> dict:
@@ -56,8 +59,10 @@ def evaluate(model_path: str, data_dir: str, split: str, batch_size: int = 256,
 
     `pipeline`: `data_dir` holds TFRecords another tool wrote, read with that pipeline's schema
     (see `tftrain.data.load`). `allow_python`: load a SavedModel even if it carries Python code.
+    `batch_size` None: the run's `data.batch_size` (`run_batch_size`).
     """
     steps = bounds.check_steps(steps)
+    batch_size = batch_size or run_batch_size(model_path)
     output = output or join(os.path.dirname(_export_dir(model_path)) or ".", f"eval_{split}.json")
     check_output_replaceable(output)  # before the work: a user's own file there is kept
     dataset = bounds.bounded(data_lib.load(data_dir, split, batch_size, training=False,
@@ -73,7 +78,7 @@ def evaluate(model_path: str, data_dir: str, split: str, batch_size: int = 256,
         model = load_saved_model(model_path, allow_python)
         check_inputs_fit(model, dataset.element_spec[0], f"{data_dir} (split {split!r})")
         metrics, num_examples = metrics_lib.keras_measure(model, dataset, task)
-    metrics = {**metrics, "num_examples": num_examples, "steps": steps}
+    metrics = {**metrics, "num_examples": num_examples, "steps": steps, "batch_size": batch_size}
     result = {"model": model_path, "data": data_dir, "split": split, "task": task.name,
               "written_by": WRITTEN_BY, **metrics}
     write_json(output, result)
@@ -113,6 +118,15 @@ def task_of(model_path: str, data_dir: str, pipeline: str | None = None):
         config.data.format = "tfrecord"
         manifest = {"pipeline": pipeline, "info": {}}
     return tasks.from_config(config, manifest, training=False)
+
+
+def run_batch_size(model_path: str) -> int:
+    """The batch size the run of `model_path` trained with (its params.yaml's data.batch_size:
+    what its devices held, so a bounded evaluation of a large model fits as its steps did), or
+    DEFAULT_BATCH_SIZE for a model from outside a run."""
+    params = run_params(model_path)
+    data = (config_lib.read_yaml(params).get("data") or {}) if params else {}
+    return int(data.get("batch_size") or DEFAULT_BATCH_SIZE)
 
 
 def run_params(model_path: str) -> str | None:
