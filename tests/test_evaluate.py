@@ -57,7 +57,7 @@ def test_unknown_split_and_missing_flags(cli, capsys, digits_dir, exported):
     assert "--model" in capsys.readouterr().err
 
 
-def test_batches_are_the_runs_unless_given(cli, digits_dir, exported, tmp_path):
+def test_batches_are_the_runs_unless_given(cli, digits_dir, exported, tmp_path, capsys):
     """A run's model is evaluated in batches of the run's data.batch_size (a large model's
     bounded evaluation fits as its training steps did: lm_1b's `--steps=1` read 174 windows at
     once at the old default), a model from elsewhere in 256s, --batch_size over both."""
@@ -75,3 +75,8 @@ def test_batches_are_the_runs_unless_given(cli, digits_dir, exported, tmp_path):
         measured = json.loads(output.read_text())
         whole = 189  # the digits test split: 256 holds it all
         assert (measured["batch_size"], measured["num_examples"]) == (batch, min(batch, whole))
+    for bad in ("0", "-4"):  # not a size: refused in one line, before any work
+        assert cli("evaluate", f"--model={run / 'export'}", f"--data={digits_dir}",
+                   f"--batch_size={bad}", f"--output={tmp_path / 'bad.json'}") == 2
+        assert f"--batch_size={bad} must be >= 1" in capsys.readouterr().err
+    assert not (tmp_path / "bad.json").exists()

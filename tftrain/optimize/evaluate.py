@@ -18,7 +18,7 @@ from tftrain import data as data_lib
 from tftrain import run_dir, tasks
 from tftrain.engine import export, model_code
 from tftrain.data import manifest as manifest_lib
-from tftrain.errors import DataError, TftrainError
+from tftrain.errors import ConfigError, DataError, TftrainError
 from tftrain.fileio import join, read_json, write_json
 from tftrain.optimize import bounds
 from tftrain.optimize import metrics as metrics_lib
@@ -59,16 +59,17 @@ def evaluate(model_path: str, data_dir: str, split: str, batch_size: int | None 
 
     `pipeline`: `data_dir` holds TFRecords another tool wrote, read with that pipeline's schema
     (see `tftrain.data.load`). `allow_python`: load a SavedModel even if it carries Python code.
-    `batch_size` None: the run's `data.batch_size` (`run_batch_size`).
+    `batch_size` None: the run's `data.batch_size` (`check_batch_size`).
     """
     steps = bounds.check_steps(steps)
-    batch_size = batch_size or run_batch_size(model_path)
+    params = run_params_values(model_path)
+    batch_size = check_batch_size(batch_size, params)
     output = output or join(os.path.dirname(_export_dir(model_path)) or ".", f"eval_{split}.json")
     check_output_replaceable(output)  # before the work: a user's own file there is kept
     dataset = bounds.bounded(data_lib.load(data_dir, split, batch_size, training=False,
                                            pipeline=pipeline, pipeline_options=pipeline_options),
                              steps)
-    task = task_of(model_path, data_dir, pipeline)
+    task = task_of(params, data_dir, pipeline)
     if model_path.endswith(".tflite"):
         from tftrain.optimize.tflite_eval import evaluate_tflite
 
@@ -102,13 +103,13 @@ def check_output_replaceable(output: str) -> None:
                            "that file away.")
 
 
-def task_of(model_path: str, data_dir: str, pipeline: str | None = None):
-    """The task that scores `model_path` on `data_dir` (see the module docstring)."""
+def task_of(params: dict | None, data_dir: str, pipeline: str | None = None):
+    """The task that scores a model on `data_dir` (see the module docstring): `params`, its
+    run's params.yaml (`run_params_values`), else the one the dataset's label implies."""
     config = config_lib.Config()
     config.data.dir = data_dir
-    params = run_params(model_path)
-    if params:
-        values = config_lib.read_yaml(params).get("task") or {"type": "classification"}
+    if params is not None:
+        values = params.get("task") or {"type": "classification"}
         config.task = dataclasses.replace(
             config.task, **{key: str(values[key]) for key in ("type", "loss") if key in values})
         config_lib.check_task(config)
@@ -120,13 +121,23 @@ def task_of(model_path: str, data_dir: str, pipeline: str | None = None):
     return tasks.from_config(config, manifest, training=False)
 
 
-def run_batch_size(model_path: str) -> int:
-    """The batch size the run of `model_path` trained with (its params.yaml's data.batch_size:
-    what its devices held, so a bounded evaluation of a large model fits as its steps did), or
-    DEFAULT_BATCH_SIZE for a model from outside a run."""
+def check_batch_size(batch_size: int | None, params: dict | None) -> int:
+    """`batch_size`, or when None the batch size the run trained with (its params.yaml's
+    data.batch_size: what its devices held, so a bounded evaluation of a large model fits as
+    its steps did), or DEFAULT_BATCH_SIZE for a model from outside a run; raises ConfigError
+    when it is not positive."""
+    if batch_size is None:
+        batch_size = ((params or {}).get("data") or {}).get("batch_size") or DEFAULT_BATCH_SIZE
+    if int(batch_size) < 1:
+        raise ConfigError(f"--batch_size={batch_size} must be >= 1: the examples per "
+                          "evaluation step (leave it out for the run's data.batch_size)")
+    return int(batch_size)
+
+
+def run_params_values(model_path: str) -> dict | None:
+    """The settings in the params.yaml of the run `model_path` belongs to, or None."""
     params = run_params(model_path)
-    data = (config_lib.read_yaml(params).get("data") or {}) if params else {}
-    return int(data.get("batch_size") or DEFAULT_BATCH_SIZE)
+    return config_lib.read_yaml(params) if params else None
 
 
 def run_params(model_path: str) -> str | None:
