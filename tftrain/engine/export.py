@@ -77,9 +77,10 @@ def export(model, export_dir: str, data=None, manifest: dict | None = None) -> s
     run_dir.mark_output(export_dir)
     version = str(max([int(time.time()), *(v + 1 for v in versions(export_dir))]))
     path = join(export_dir, version)
-    default = {"serving_default": tensor_signature(model)}
+    infer = inference_function(model)
+    default = {"serving_default": tensor_signature(model, infer)}
     try:
-        signatures, resources = example_signatures(model, data, manifest)
+        signatures, resources = example_signatures(infer, data, manifest)
         with _tracking(model, resources):
             save_saved_model(model, path, {**default, **signatures})
     except preemption.Preempted:
@@ -156,22 +157,26 @@ def saved_model_dir(path: str) -> str | None:
     return join(path, str(found[-1])) if found else None
 
 
-def tensor_signature(model):
-    """Keras's `serving_default`: the model's input tensors -> its outputs by output name."""
+def inference_function(model):
+    """The model's inference outputs by output name (`_named_outputs`) as one `tf.function`,
+    which every signature calls: traced once for the tensors of Keras's save spec, it is called
+    from the Example and text signatures without tracing the model again when their decoded
+    inputs match that spec (a transformer_lm's export traced its model three times)."""
+    return tf.function(functools.partial(_named_outputs, model), autograph=False)
+
+
+def tensor_signature(model, infer=None):
+    """Keras's `serving_default`: the model's input tensors -> its outputs by output name
+    (`infer`: the model's `inference_function`)."""
     args, kwargs = model.save_spec(dynamic_batch=True)
-
-    @tf.function(autograph=False)
-    def serving_default(*args, **kwargs):
-        return _named_outputs(model, *args, **kwargs)
-
-    return serving_default.get_concrete_function(*args, **kwargs)
+    return (infer or inference_function(model)).get_concrete_function(*args, **kwargs)
 
 
-def example_signatures(model, data, manifest: dict) -> tuple[dict, list]:
+def example_signatures(infer, data, manifest: dict) -> tuple[dict, list]:
     """`serving_examples`, `serving_text` for a pipeline with `text_inputs`, and, for a
     classifier (one [batch, K] output, a dataset with `num_classes`), `classify` (see the
-    module docstring), traced; and the pipeline's resources (lookup tables, tokenizer layers)
-    they capture."""
+    module docstring), traced, calling `infer` (the model's `inference_function`); and the
+    pipeline's resources (lookup tables, tokenizer layers) they capture."""
     source = foreign.load_kwargs(data)  # the pipeline, options, info and schema of reader.load
     info = manifest.get("info", {})
     pipeline = dataset_pipeline(manifest["pipeline"], source.get("pipeline"),
@@ -185,7 +190,7 @@ def example_signatures(model, data, manifest: dict) -> tuple[dict, list]:
             inputs, _ = pipeline.decode(tf.io.parse_example(serialized, spec), info)
         else:
             inputs = pipeline.text_inputs(texts, info)
-        outputs = _named_outputs(model, inputs)
+        outputs = infer(inputs)
         logits = next(iter(outputs.values())) if len(outputs) == 1 else None
         if logits is None or logits.shape.rank != 2 or not info.get("num_classes"):
             if texts is not None:  # e.g. a language model: which position is a text's last

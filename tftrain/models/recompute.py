@@ -6,7 +6,9 @@ so the same seed gives the same initial weights, the same variable names and the
 paths; a backup or an export written with recomputation resumes or loads without it, and the
 reverse. Only its forward pass differs: the layers of each block (named `block_{i}_...`) run as
 one function under `tf.recompute_grad`, so the backward pass recomputes a block's activations
-from the block's inputs instead of keeping them, for about a third more compute.
+from the block's inputs instead of keeping them, for about a third more compute. Inference
+(`training` False or None: evaluation, generation, an export's serving signatures) runs the
+plain graph: without a backward pass there is nothing to spare, and tracing it is cheaper.
 
 A recomputed block must draw no random numbers (its recomputation would draw others): the
 Transformers refuse `remat` with dropout.
@@ -32,6 +34,8 @@ def recomputed_model_class():
         """A functional model whose blocks are recomputed in the backward pass."""
 
         def _run_internal_graph(self, inputs, training=None, mask=None):
+            if training is None or training is False:  # inference: no backward pass to spare
+                return super()._run_internal_graph(inputs, training=training, mask=mask)
             values = _Values()
             for reference, value in zip(self.inputs, self._flatten_to_reference_inputs(inputs)):
                 values[str(id(reference))] = self._conform_to_reference_input(
