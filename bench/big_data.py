@@ -238,6 +238,13 @@ def run_measured(command: list[str], cwd: str = REPO,
                  ok_codes: tuple = (0,)) -> tuple[float, float]:
     """Runs `command` in `cwd`; returns (seconds, peak MB of its process tree's anonymous
     memory). An exit code outside `ok_codes` ends the bench with the command's error."""
+    result = run_measured_result(command, cwd, ok_codes)
+    return result["seconds"], result["peak_mb"]
+
+
+def run_measured_result(command: list[str], cwd: str = REPO, ok_codes: tuple = (0,)) -> dict:
+    """`run_measured` with what the command said: `{"seconds", "peak_mb", "returncode",
+    "stdout", "stderr"}`."""
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -252,12 +259,13 @@ def run_measured(command: list[str], cwd: str = REPO,
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    _, stderr = process.communicate()
+    stdout, stderr = process.communicate()
     done.set()
     sampler.join()
     if process.returncode not in ok_codes:
         raise SystemExit(f"{' '.join(command)} failed:\n{stderr[-3000:]}")
-    return time.perf_counter() - started, peak / 2**20
+    return {"seconds": time.perf_counter() - started, "peak_mb": peak / 2**20,
+            "returncode": process.returncode, "stdout": stdout, "stderr": stderr}
 
 
 def measure(kind: str, source: str, work: str, size_mb: int) -> dict:

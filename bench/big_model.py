@@ -11,11 +11,24 @@ exactly; a smaller size adds its `model.params` to the override):
     tftrain check --config=lm_1b --target=cpu --json=plan.json
     tftrain train --config=lm_1b --model_dir=runs/lm_1b --params_override=train.steps=2
 
+then the run's life after training, each command timed and measured the same way (a second
+table: exit code, seconds, peak; for quantize the .tflite's size and the perplexity change, or
+the line that refused it):
+
+    tftrain generate --model_dir=runs/lm_1b --prompt="The " --max_tokens=8 --seed=1
+    tftrain evaluate --model=runs/lm_1b/export --data=data/lm_1b --split=test --steps=1
+    tftrain quantize --model_dir=runs/lm_1b --mode=dynamic --steps=1
+    tftrain quantize --model_dir=runs/lm_1b --mode=float16 --steps=1
+
+Exit 2 is a result here: quantize refuses, before converting, a mode whose .tflite would exceed
+LiteRT's 2 GiB or a conversion its memory estimate (tftrain/optimize/quantize.py) says this
+machine cannot hold; the table gives the line it printed.
+
 The plan's bytes per device (by part) come from plan.json. The run's peak memory is the peak of
 the summed anonymous PSS of its process tree, sampled every 20 ms (bench/big_data.py's
 `run_measured`: the page cache of the data and of the TensorFlow library is not the run's),
 over the whole command (build, steps, evaluation, export); seconds per step and the parameter count come from summary.json. Prints
-the CPU and one table; planned/measured within 0.7-1.3 is the bound the plan promises.
+the CPU and two tables; planned/measured within 0.7-1.3 is the bound the plan promises.
 """
 from __future__ import annotations
 
@@ -28,7 +41,7 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from bench.big_data import TFTRAIN, run_measured  # noqa: E402
+from bench.big_data import TFTRAIN, run_measured, run_measured_result  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
 from tftrain.host import cpu_name  # noqa: E402
 
@@ -40,12 +53,26 @@ SIZES = {
     # measured too
     "300m": "model.params={width: 1024, num_layers: 24, num_heads: 16, mlp_width: 4096}",
     "100m": "model.params={width: 768, num_layers: 12, num_heads: 12, mlp_width: 3072}",
+    # a quick check of the bench itself (and quantize's memory fit: tftrain/optimize/quantize.py)
+    "25m": "model.params={width: 512, num_layers: 6, num_heads: 8, mlp_width: 2048, remat: true}",
 }
 CONVERT = ["convert", "--pipeline=text", "--output=data/lm_1b",
            "--pipeline_options=sequence_length=128,tokenizer=sentencepiece,vocab_size=1024"]
 CHECK = ["check", "--config=lm_1b", "--target=cpu"]
 TRAIN = ["train", "--config=lm_1b", "--model_dir=runs/lm_1b"]
 STEPS = "train.steps=2"
+# After training, as configs/lm_1b.yaml's header types them: (name, arguments, exit codes that
+# are results: a quantization gate that fails is 1, a mode refused before converting is 2).
+AFTER = (
+    ("generate", ["generate", "--model_dir=runs/lm_1b", "--prompt=The ", "--max_tokens=8",
+                  "--seed=1"], (0,)),
+    ("evaluate", ["evaluate", "--model=runs/lm_1b/export", "--data=data/lm_1b", "--split=test",
+                  "--steps=1"], (0,)),
+    ("quantize dynamic", ["quantize", "--model_dir=runs/lm_1b", "--mode=dynamic", "--steps=1"],
+     (0, 1, 2)),
+    ("quantize float16", ["quantize", "--model_dir=runs/lm_1b", "--mode=float16", "--steps=1"],
+     (0, 1, 2)),
+)
 
 
 def _override(size: str, base: str | None = None) -> list[str]:
@@ -67,7 +94,40 @@ def measure(size: str, work: str) -> dict:
     with open(os.path.join(work, "runs/lm_1b/summary.json")) as f:
         summary = json.load(f)
     return {"size": size, "plan": plan, "summary": summary, "peak": peak_mb * (1 << 20),
-            "check_s": check_s, "train_s": train_s}
+            "check_s": check_s, "train_s": train_s, "after": after_training(work)}
+
+
+def after_training(work: str) -> list[dict]:
+    """Runs each of AFTER on the run just trained in `work`; per command its exit code, seconds,
+    peak bytes and, for quantize, its report (None when refused) or the line it ended with."""
+    results = []
+    for name, arguments, ok_codes in AFTER:
+        result = run_measured_result([TFTRAIN, *arguments], cwd=work, ok_codes=ok_codes)
+        report = None
+        if arguments[0] == "quantize" and result["returncode"] in (0, 1):
+            mode = arguments[2].removeprefix("--mode=")
+            with open(os.path.join(work, f"runs/lm_1b/quantized/report_{mode}.json")) as f:
+                report = json.load(f)
+        lines = result["stderr"].strip().splitlines()
+        results.append({"command": name, "returncode": result["returncode"],
+                        "seconds": result["seconds"], "peak": result["peak_mb"] * (1 << 20),
+                        "report": report,
+                        "line": lines[-1] if result["returncode"] and lines else ""})
+    return results
+
+
+def after_rows(result: dict) -> list[list]:
+    """The lines of the second table for one size."""
+    rows = []
+    for entry in result["after"]:
+        report = entry["report"] or {}
+        tflite = (f"{report['tflite_bytes'] / GIB:.3f}" if report else "-")
+        change = (f"{report['metric_change']:+.4f} (vs {report['reference']})" if report
+                  else "-")
+        rows.append([result["size"], entry["command"], entry["returncode"],
+                     f"{entry['seconds']:.0f}", f"{entry['peak'] / GIB:.2f}", tflite, change,
+                     entry["line"]])
+    return rows
 
 
 def row(result: dict) -> list:
@@ -92,15 +152,22 @@ def main() -> None:
     args = parser.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores", flush=True)
-    rows = []
+    rows, after = [], []
     for size in args.sizes.split(","):
         print(f"  {size} ...", flush=True)
-        rows.append(row(measure(size, args.workdir)))
-        print("   ", rows[-1], flush=True)
+        result = measure(size, args.workdir)
+        rows.append(row(result))
+        after += after_rows(result)
+        for line in [rows[-1], *after_rows(result)]:
+            print("   ", line, flush=True)
     print(markdown_table(
         ["size", "parameters", "weights GiB", "gradients GiB", "optimizer GiB",
          "activations GiB", "planned GiB", "measured peak GiB", "planned/measured",
          "check says", "s/step", "check s", "train s"], rows))
+    print()
+    print(markdown_table(
+        ["size", "command", "exit", "seconds", "peak GiB", ".tflite GiB", "perplexity change",
+         "refused / failed with"], after))
 
 
 if __name__ == "__main__":

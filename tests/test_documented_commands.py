@@ -301,9 +301,9 @@ def test_verbose_flag_shows_the_library_lines_again(tmp_path, digits_dir):
     saving = ("Sharding callback duration", "Writing fingerprint")  # a SavedModel written
     each_shows = {  # each command its own lines (quantize alone shows all the train lines too)
         "train": (trained, saving),
-        "prune": (pruned, saving + ("Found untraced", "Using new converter",
+        "prune": (pruned, saving + ("Found untraced", "Assets written to",
                                     "No training configuration found")),
-        "quantize": (quantized, saving + ("Using new converter",
+        "quantize": (quantized, saving + ("Assets written to",
                                           "No training configuration found")),
     }
     for command, (result, lines) in each_shows.items():

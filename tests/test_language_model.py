@@ -180,6 +180,23 @@ def test_the_export_loads_predicts_and_evaluates_with_the_task_metrics(lm_run, t
     assert math.isclose(evaluated["accuracy"], summary["eval"]["accuracy"], abs_tol=1e-4)
 
 
+def test_quantize_converts_the_model_without_the_vocabulary_table_of_the_export(
+        lm_run, text_dir, cli, tmp_path):
+    """The export carries the character vocabulary's lookup table (its text signature uses
+    it), which no TFLite builtin op holds; the model does not use it, and its .tflite converts
+    (a conversion through the export's Keras objects carried the table and failed)."""
+    own = tmp_path / "run"  # the shared run is read-only: a copy gets quantized/
+    shutil.copytree(lm_run / "export", own / "export")
+    params = yaml.safe_load((lm_run / "params.yaml").read_text())
+    params["data"]["dir"] = str(text_dir)  # the same records (text_lm_run checks them)
+    (own / "params.yaml").write_text(yaml.safe_dump(params))
+    assert cli("quantize", f"--model_dir={own}", "--mode=dynamic", "--steps=1") == 0
+    report = json.loads((own / "quantized" / "report_dynamic.json").read_text())
+    assert report["reference"] == "tflite" and report["num_examples"] == 64
+    assert report["perplexity"] <= 0.7 * unigram_perplexity(text_dir), report
+    assert abs(report["metric_change"]) <= 0.05, report
+
+
 def test_generate_continues_the_prompt_greedily_and_by_sampling(lm_run, cli, capsys):
     texts = []
     for args in (["--temperature=0"], ["--seed=3", "--top_k=10"], ["--seed=3", "--top_k=10"]):

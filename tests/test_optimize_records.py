@@ -99,7 +99,7 @@ def test_the_quantize_report_gives_the_keys_of_report_mode_json():
         "gzip_bytes": 3000, "task": "classification", "measure": "accuracy",
         "accuracy": 0.896, "latency_ms": 0.75, "throughput_ms_per_example": 0.05,
         "latency_batch_size": 1, "throughput_batch_size": 256, "num_threads": 2,
-        "cpu": "X CPU (avx2)", "num_examples": 189,
+        "cpu": "X CPU (avx2)", "num_examples": 189, "reference": "tflite",
         "float_tflite_path": "/run/quantized/model_float.tflite", "float_tflite_bytes": 4000,
         "float_gzip_bytes": 3000, "float_accuracy": 0.9, "float_latency_ms": 1.5,
         "float_throughput_ms_per_example": 0.2, "accuracy_drop": 0.004,

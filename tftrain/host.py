@@ -17,9 +17,67 @@ def total_memory() -> int | None:
     return _meminfo("MemTotal")
 
 
-def _meminfo(field: str) -> int | None:
+def memory_for_this_process() -> int | None:
+    """Bytes this process may hold at its peak: what it holds now (its anonymous memory) plus
+    what is available (MemAvailable), or its cgroup's headroom when that is lower; None if
+    unknown."""
+    held = _status_bytes("RssAnon") or 0
+    free = available_memory()
+    headroom = _cgroup_headroom()
+    if headroom is not None:
+        free = headroom if free is None else min(free, headroom)
+    return None if free is None else free + held
+
+
+def _status_bytes(field: str) -> int | None:
+    """A field of this process's /proc/self/status (e.g. RssAnon) in bytes."""
+    return _kb_field("/proc/self/status", field)
+
+
+# cgroup v2, then v1: (limit, usage, stat) files; a v1 "no limit" is a huge number, not "max".
+_CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current",
+                  "/sys/fs/cgroup/memory.stat"),
+                 ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                  "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+                  "/sys/fs/cgroup/memory/memory.stat"))
+
+
+def _cgroup_headroom() -> int | None:
+    """Bytes left under this process's cgroup memory limit, or None without a limit. The
+    usage counts the page cache: its inactive part, which the kernel reclaims first, is
+    counted as free (as container runtimes count a working set)."""
+    for limit_file, usage_file, stat_file in _CGROUP_FILES:
+        try:
+            with open(limit_file) as f:
+                limit = f.read().strip()
+            with open(usage_file) as f:
+                usage = int(f.read())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or int(limit) >= 1 << 60:
+            return None
+        return max(0, int(limit) - usage + _cgroup_stat(stat_file, "inactive_file"))
+    return None
+
+
+def _cgroup_stat(path: str, field: str) -> int:
+    """A field of a cgroup's memory.stat (v1 also names it `total_<field>`), 0 if unknown."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
+            values = dict(line.split() for line in f if len(line.split()) == 2)
+    except (OSError, ValueError):
+        return 0
+    return int(values.get(field, values.get(f"total_{field}", 0)))
+
+
+def _meminfo(field: str) -> int | None:
+    return _kb_field("/proc/meminfo", field)
+
+
+def _kb_field(path: str, field: str) -> int | None:
+    """A `<field>: <n> kB` line of a /proc file, in bytes; None when absent or unreadable."""
+    try:
+        with open(path) as f:
             for line in f:
                 if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024

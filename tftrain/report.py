@@ -105,11 +105,18 @@ def table(runs: list[Run]) -> str:
                  + [_number(validation.get(m)) for m in val_metrics]
                  + [_number(1 / seconds if seconds else None, 1), strategy,
                     s.get("mixed_precision", MISSING)]
-                 + [f"{optimized[m][optimized[m].get('measure', 'accuracy')]:.4f}, "
-                    f"{optimized[m]['gzip_bytes'] / 1024:.1f}"
-                    if m in optimized else MISSING for m in models])
+                 + [_optimized_cell(optimized[m]) if m in optimized else MISSING
+                    for m in models])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _optimized_cell(row: dict) -> str:
+    """`0.9123, 41.2`: an optimized model's measure and gzip KiB (`-` when not measured: the
+    float row of a model measured as Keras, without a .tflite)."""
+    gzip = row.get("gzip_bytes")
+    return (f"{_number(row.get(row.get('measure', 'accuracy')))}, "
+            f"{MISSING if gzip is None else f'{gzip / 1024:.1f}'}")
 
 
 def validation_panels(runs: list[Run]) -> list[curves.Panel]:

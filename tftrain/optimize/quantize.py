@@ -1,11 +1,16 @@
 """TFLite conversion (float, dynamic range, full int8, float16) and quantization-aware training.
 
-A mixed-precision model is rebuilt in float32 before conversion (it does not convert cleanly
-otherwise). Quantization-aware training annotates only the layers TFMOT's default 8-bit scheme
+Every conversion reads a plain float32 SavedModel of the model (`save_float32`: its variables and
+one serving signature, no Keras object, so no per-layer traces), written once and converted in
+each mode. A mixed-precision model is rebuilt in float32 before conversion (it does not convert
+cleanly otherwise). Quantization-aware training annotates only the layers TFMOT's default 8-bit scheme
 supports and lists the others, which stay float; for a pruned model the pruning-preserving scheme
 keeps the zeros.
 """
 from __future__ import annotations
+
+import os
+import tempfile
 
 import numpy as np
 import tensorflow as tf
@@ -15,7 +20,8 @@ from absl import logging
 from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
     default_8bit_quantize_registry)
 
-from tftrain import quiet_start
+from tftrain import host, quiet_start
+from tftrain.engine import export
 from tftrain.errors import ConfigError, TftrainError
 from tftrain.optimize import finetune as finetune_lib
 from tftrain.optimize.keras_model import check_tf_keras, clone_float32, is_mixed_precision
@@ -26,23 +32,102 @@ _CONVERSIONS = ("float",) + MODES
 # this many bytes per weight in each conversion.
 FLATBUFFER_LIMIT = 2 * 2**30
 BYTES_PER_WEIGHT = {"float": 4, "float16": 2, "dynamic": 1, "int8": 1, "qat": 1}
+# The float model every quantized one is measured against: its float .tflite, or, when that
+# would exceed the flatbuffer limit, the float32 Keras model itself.
+TFLITE, KERAS = "tflite", "keras"
+# The one signature of the SavedModel every conversion reads (`save_float32`).
+SIGNATURE = "serving_default"
+# Peak memory of `tftrain quantize --mode=M --steps=1` ~ MEMORY_FIXED + k x the model's float32
+# weight bytes, k = MEMORY_PER_WEIGHT_BYTE[reference][M]: the peak anonymous memory of the
+# command (bench/big_data.run_measured), fitted on transformer_lm runs of lm_1b.yaml's blocks
+# (width 2048, MLP 8192) with 2 and 6 layers (105M, 307M weights) and checked at 10 (508M: its
+# Keras-reference peaks within 1% of the line), on lm_1b's data, on a 2-core AMD EPYC with
+# 24 GB. What scales: the loaded model holds ~2.1x its weights, the TFLite converter ~4.4x more
+# while it runs (a float .tflite reference converts once more). Narrower models (width 512 and
+# 768, 20M and 87M weights) measured up to 1.3x this line (their smaller tensors cost more per
+# byte). qat was not measured: dynamic plus fine-tuning's copy, gradients and two optimizer
+# slots (+4).
+MEMORY_FIXED = 640 * 2**20
+MEMORY_PER_WEIGHT_BYTE = {
+    TFLITE: {"dynamic": 8.61, "float16": 9.02, "int8": 11.61},
+    KERAS: {"dynamic": 6.55, "float16": 6.99, "int8": 10.71},
+}
 
 
-def check_flatbuffer_sizes(parameters: int) -> None:
-    """Raises ConfigError, before any conversion, when the float .tflite of `parameters`
-    weights (the reference every mode is measured against, and the largest conversion) would
-    exceed LiteRT's flatbuffer limit."""
-    def gib(mode: str) -> str:
-        return f"~{parameters * BYTES_PER_WEIGHT[mode] / 2**30:.2f} GiB"
+def _gib(nbytes: float) -> str:
+    return f"~{nbytes / 2**30:.2f} GiB"
 
-    if parameters * BYTES_PER_WEIGHT["float"] > FLATBUFFER_LIMIT:
-        raise ConfigError(
-            f"the model's {parameters:,} weights make a float .tflite of {gib('float')}, over "
-            f"LiteRT's {FLATBUFFER_LIMIT / 2**30:g} GiB flatbuffer limit, and tftrain quantize "
-            f"measures every quantized model against that float reference: models over "
-            f"{FLATBUFFER_LIMIT // BYTES_PER_WEIGHT['float']:,} weights cannot be quantized by "
-            f"it yet (float16 weights would be {gib('float16')}, int8 {gib('dynamic')}); "
-            "measure the export with `tftrain evaluate --steps=N` instead")
+
+def tflite_bytes(parameters: int, mode: str) -> int:
+    """The estimated size of the .tflite of `parameters` weights in conversion `mode`."""
+    return parameters * BYTES_PER_WEIGHT[mode]
+
+
+def fits_flatbuffer(parameters: int, mode: str) -> bool:
+    """Whether `mode`'s .tflite of `parameters` weights stays within LiteRT's limit."""
+    return tflite_bytes(parameters, mode) <= FLATBUFFER_LIMIT
+
+
+def float_reference(parameters: int) -> str:
+    """What quantized models of `parameters` weights are measured against: `tflite`, the float
+    conversion, when it fits a flatbuffer, else `keras`, the float32 Keras model."""
+    return TFLITE if fits_flatbuffer(parameters, "float") else KERAS
+
+
+def check_flatbuffer_sizes(parameters: int, modes: list[str]) -> None:
+    """Raises ConfigError, before any conversion, when a mode's .tflite of `parameters` weights
+    would exceed LiteRT's flatbuffer limit, naming the modes that fit."""
+    over = [mode for mode in modes if not fits_flatbuffer(parameters, mode)]
+    if not over:
+        return
+    fitting = [mode for mode in MODES if fits_flatbuffer(parameters, mode)]
+    sizes = " and ".join(f"a {mode} .tflite of {_gib(tflite_bytes(parameters, mode))}"
+                         for mode in over)
+    fit = (f"modes that fit: {', '.join(fitting)} (int8 weights, "
+           f"{_gib(tflite_bytes(parameters, 'dynamic'))})" if fitting else "no mode fits")
+    raise ConfigError(
+        f"--mode={','.join(over)}: the model's {parameters:,} weights make {sizes}, over "
+        f"LiteRT's {FLATBUFFER_LIMIT / 2**30:g} GiB flatbuffer limit; {fit}")
+
+
+def estimated_memory(parameters: int, mode: str, reference: str) -> int:
+    """Bytes `tftrain quantize --mode=mode` is estimated to hold at its peak (see
+    MEMORY_PER_WEIGHT_BYTE) for a model of `parameters` weights measured against `reference`."""
+    per_byte = MEMORY_PER_WEIGHT_BYTE[reference]
+    k = per_byte["dynamic"] + 4 if mode == "qat" else per_byte[mode]
+    return int(MEMORY_FIXED + k * tflite_bytes(parameters, "float"))
+
+
+def check_memory(parameters: int, modes: list[str], reference: str,
+                 available: int | None) -> None:
+    """Raises ConfigError, before any conversion, when a mode's estimated peak exceeds the
+    `available` bytes (None: unknown, not checked); the .tflite files of earlier modes are held
+    until all are timed, so they count too. Names the modes that fit alone."""
+    if available is None:
+        return
+    held = sum(tflite_bytes(parameters, mode) for mode in modes[:-1])
+    need = max(estimated_memory(parameters, mode, reference) for mode in modes) + held
+    if need <= available:
+        return
+    fitting = [f"{mode} ({_gib(estimated_memory(parameters, mode, reference))})"
+               for mode in MODES if fits_flatbuffer(parameters, mode)
+               and estimated_memory(parameters, mode, reference) <= available]
+    raise ConfigError(
+        f"--mode={','.join(modes)} on the model's {parameters:,} weights needs an estimated "
+        f"{_gib(need)} of memory at its peak, and {_gib(available)} is available; "
+        + (f"modes that fit: {', '.join(fitting)}" if fitting else "no mode fits: quantize "
+           "on a machine with more memory"))
+
+
+def check_quantizable(parameters: int, modes: list[str]) -> str:
+    """The float reference (`float_reference`) of quantizing a model of `parameters` weights in
+    `modes`, after refusing (ConfigError) a mode over the flatbuffer limit
+    (`check_flatbuffer_sizes`), then conversions this process's memory cannot hold
+    (`check_memory`)."""
+    check_flatbuffer_sizes(parameters, modes)
+    reference = float_reference(parameters)
+    check_memory(parameters, modes, reference, host.memory_for_this_process())
+    return reference
 
 
 def check_mode(mode: str) -> str:
@@ -73,37 +158,66 @@ def representative_dataset(dataset, num_examples: int = 100):
     return generate
 
 
-def convert(model: keras.Model, mode: str = "float", *, representative_data=None,
-            num_calibration_examples: int = 100, int8_io: bool = False) -> bytes:
-    """Converts a tf-keras model to a .tflite flatbuffer; returns its bytes.
-
-    `mode`: `float` (no optimization), `dynamic` (int8 weights, float activations), `int8` (int8
-    weights and activations calibrated on `representative_data`, a dataset of `(inputs, label)`
-    batches; int8 inputs/outputs with `int8_io`), `float16` (float16 weights), `qat` (a model from
-    `quantization_aware_model`: int8 from its learned ranges). Raises `TftrainError` when the
-    converter fails.
-    """
-    if mode not in _CONVERSIONS:
-        raise ConfigError(f"unknown conversion mode {mode!r}; choose one of "
-                          f"{', '.join(_CONVERSIONS)}")
+def save_float32(model: keras.Model, path: str) -> None:
+    """Writes `model` to the new directory `path` as a plain float32 SavedModel for the TFLite
+    converter: the model's variables and one `serving_default` signature, Keras's (the input
+    tensors by input name -> the outputs by output name, in inference mode), and no Keras
+    object. A Keras save would trace every layer's call for tf-keras's revival (most of a
+    conversion's time) and carry what the model tracks besides (an export's tokenizer tables,
+    which TFLite builtins cannot hold); the converter reads only the signature. A
+    mixed-precision model is saved as its float32 clone (it does not convert cleanly otherwise).
+    Raises TftrainError when the signature uses a TensorFlow resource other than the model's
+    variables (a lookup table in the model: no TFLite builtin op holds one)."""
     check_tf_keras(model)
     if is_mixed_precision(model):
         logging.info("model %s is mixed precision: converting a float32 copy", model.name)
         model = clone_float32(model)
-    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    holder = tf.Module()
+    holder.model_variables = list(model.variables)
+    try:
+        # The debug info names the Python line of an op the converter cannot take, as a
+        # Keras model's conversion does.
+        # Without the custom gradients of a remat model: loading them registers functions
+        # that keep the variables for the rest of the process (`forget_custom_gradients`).
+        tf.saved_model.save(holder, path,
+                            signatures={SIGNATURE: export.tensor_signature(model)},
+                            options=tf.saved_model.SaveOptions(
+                                save_debug_info=True, experimental_custom_gradients=False))
+    except AssertionError as e:  # TensorFlow's "references an 'untracked' resource"
+        raise TftrainError(
+            f"TFLite conversion of model {model.name!r} failed: its call uses a TensorFlow "
+            f"resource besides its weights ({str(e).splitlines()[0][:200]}), such as a lookup "
+            "table, which no TFLite builtin op holds: look the ids up before the model.") from e
+
+
+def _check_conversion(mode: str, representative_data, int8_io: bool) -> None:
+    """Raises ConfigError for a conversion that cannot be asked for, before any work."""
+    if mode not in _CONVERSIONS:
+        raise ConfigError(f"unknown conversion mode {mode!r}; choose one of "
+                          f"{', '.join(_CONVERSIONS)}")
+    if mode == "int8" and representative_data is None:
+        raise ConfigError("int8 quantization needs representative data (the training split)")
+    if int8_io and mode not in ("int8", "qat"):
+        raise ConfigError(f"int8 inputs/outputs need --mode=int8 or qat, not {mode}")
+
+
+def convert_saved_model(path: str, mode: str = "float", *, representative_data=None,
+                        num_calibration_examples: int = 100, int8_io: bool = False,
+                        name: str | None = None) -> bytes:
+    """Converts the SavedModel at `path` (`save_float32`'s) to a .tflite flatbuffer; returns
+    its bytes. `mode` and the other arguments: see `convert`; `name` names the model in errors
+    (default: the path)."""
+    _check_conversion(mode, representative_data, int8_io)
+    converter = tf.lite.TFLiteConverter.from_saved_model(path, signature_keys=[SIGNATURE])
     if mode != "float":
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
     if mode == "float16":
         converter.target_spec.supported_types = [tf.float16]
     if mode == "int8":
-        if representative_data is None:
-            raise ConfigError("int8 quantization needs representative data (the training split)")
         converter.representative_dataset = representative_dataset(
             representative_data, num_calibration_examples)
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
     if int8_io:
-        if mode not in ("int8", "qat"):
-            raise ConfigError(f"int8 inputs/outputs need --mode=int8 or qat, not {mode}")
         converter.inference_input_type = tf.int8
         converter.inference_output_type = tf.int8
     try:
@@ -112,8 +226,31 @@ def convert(model: keras.Model, mode: str = "float", *, representative_data=None
     except Exception as e:  # ConverterError, ValueError, ...: one message naming the model
         lines = [line for line in str(e).splitlines() if "error" in line.lower()] or [str(e)]
         raise TftrainError(
-            f"TFLite conversion of model {model.name!r} ({mode}) failed: {lines[0].strip()[:500]}. "
-            "Only TFLite builtin ops are enabled: replace the unsupported op or layer.") from e
+            f"TFLite conversion of model {name or path!r} ({mode}) failed: "
+            f"{lines[0].strip()[:500]}. Only TFLite builtin ops are enabled: replace the "
+            "unsupported op or layer.") from e
+
+
+def convert(model: keras.Model, mode: str = "float", *, representative_data=None,
+            num_calibration_examples: int = 100, int8_io: bool = False) -> bytes:
+    """Converts a tf-keras model to a .tflite flatbuffer; returns its bytes.
+
+    `mode`: `float` (no optimization), `dynamic` (int8 weights, float activations), `int8` (int8
+    weights and activations calibrated on `representative_data`, a dataset of `(inputs, label)`
+    batches; int8 inputs/outputs with `int8_io`), `float16` (float16 weights), `qat` (a model from
+    `quantization_aware_model`: int8 from its learned ranges). The model goes through a plain
+    SavedModel (`save_float32`) in a temporary directory, removed afterwards; to convert one
+    model in several modes, write it once and call `convert_saved_model`. Raises `TftrainError`
+    when the converter fails.
+    """
+    _check_conversion(mode, representative_data, int8_io)
+    check_tf_keras(model)
+    with tempfile.TemporaryDirectory(prefix="tftrain-tflite-") as directory:
+        path = os.path.join(directory, "saved_model")
+        save_float32(model, path)
+        return convert_saved_model(path, mode, representative_data=representative_data,
+                                   num_calibration_examples=num_calibration_examples,
+                                   int8_io=int8_io, name=model.name)
 
 
 def annotate_supported_layers(model: keras.Model) -> tuple[keras.Model, list[str]]:

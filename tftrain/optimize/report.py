@@ -106,7 +106,7 @@ class KerasMeasurement:
     num_params: int
     nonzero_params: int
     layers: list  # per layer: params, nonzero_params and, for the pruned ones, sparsity
-    gzip_bytes: int  # sizes.gzip_weights_bytes
+    gzip_bytes: int | None  # sizes.gzip_weights_bytes; None: not measured (quantize)
     num_examples: int | None = None  # the examples `metrics` were measured on (counted)
 
 
@@ -179,8 +179,10 @@ class PruneReport:
 
 @dataclasses.dataclass(frozen=True)
 class QuantizeReport:
-    """quantized/report_<name>.json: one quantized model (`tflite`) against the float
-    conversion of the same SavedModel (`float_tflite`), and the task's gate."""
+    """quantized/report_<name>.json: one quantized model (`tflite`) against the float model of
+    the same SavedModel, and the task's gate. The float reference is its .tflite
+    (`float_tflite`) or, when that would exceed LiteRT's flatbuffer limit, the float32 Keras
+    model itself (`float_keras`), measured on the same batches."""
 
     mode: str
     source: str  # export or pruned
@@ -192,26 +194,40 @@ class QuantizeReport:
     change: float  # how much worse `tflite` is on `measure` (> 0: worse)
     max_change: float  # the gate
     metrics: dict  # the task's reported metrics of `tflite` (`Task.evaluate_keys`)
-    float_metrics: dict  # ... and of `float_tflite`
+    float_metrics: dict  # ... and of the float reference
     tflite: TfliteMeasurement
-    float_tflite: TfliteMeasurement
+    float_tflite: TfliteMeasurement | None  # None: the reference is `float_keras`
     int8_io: bool
     float_layers: list | None = None  # qat: the layers left float
     qat_epochs: int | None = None  # qat
     num_calibration_examples: int | None = None  # int8
     eval_steps: int | None = None  # the bound: batches of `split` measured (0: all of them)
+    float_keras: KerasMeasurement | None = None  # the reference when there is no float_tflite
 
     @property
     def passed(self) -> bool:
         """Whether the change stays within the gate."""
         return self.change <= self.max_change + 1e-9
 
+    @property
+    def reference(self) -> str:
+        """What the float model measured is: `tflite` (its conversion) or `keras`."""
+        return "tflite" if self.float_tflite is not None else "keras"
+
+    @property
+    def float_measure(self) -> float:
+        """The float reference's value of the task's measure."""
+        reference = self.float_tflite or self.float_keras
+        return reference.metrics[self.measure]
+
     def to_json(self) -> dict:
         """The report's JSON: the model's numbers under their own names, the float model's
         with a `float_` prefix, their ratios, the change and its bound (`max_<change_name>`);
-        with the evaluation's bound (`eval_steps`), the float model's `float_num_examples`."""
-        result, reference, measure = self.tflite, self.float_tflite, self.measure
-        both = result.throughput_ms_per_example and reference.throughput_ms_per_example
+        with the evaluation's bound (`eval_steps`), the float model's `float_num_examples`.
+        `reference` says what the float model is: against the Keras model its .tflite fields
+        and the ratios to them are None, and the size is compared with its float32 weights
+        (`float32_weights_bytes`, `size_ratio_to_float32_weights`)."""
+        result, measure = self.tflite, self.measure
         data = {
             "mode": self.mode, "source": self.source, "model": self.model, "split": self.split,
             "tflite_path": result.path, "tflite_bytes": result.tflite_bytes,
@@ -219,26 +235,47 @@ class QuantizeReport:
             measure: result.metrics[measure], "latency_ms": result.latency_ms,
             "throughput_ms_per_example": result.throughput_ms_per_example,
             **{key: getattr(result, key) for key in TIMING_SETTINGS + ("cpu",)},
-            "num_examples": result.num_examples, "float_tflite_path": reference.path,
-            "float_tflite_bytes": reference.tflite_bytes,
-            "float_gzip_bytes": reference.gzip_bytes,
-            f"float_{measure}": reference.metrics[measure],
-            "float_latency_ms": reference.latency_ms,
-            "float_throughput_ms_per_example": reference.throughput_ms_per_example,
+            "num_examples": result.num_examples, "reference": self.reference,
+            **self._float_tflite_fields(), f"float_{measure}": self.float_measure,
             self.change_name: self.change, f"max_{self.change_name}": self.max_change,
             "metrics": self.metrics, "float_metrics": self.float_metrics,
-            "size_ratio": result.tflite_bytes / reference.tflite_bytes,
-            "latency_ratio": result.latency_ms / reference.latency_ms,
-            "throughput_ratio": (result.throughput_ms_per_example
-                                 / reference.throughput_ms_per_example if both else None),
             "int8_io": self.int8_io, "passed": self.passed,
         }
+        reference = self.float_tflite or self.float_keras
         extras = {"float_layers": self.float_layers, "qat_epochs": self.qat_epochs,
                   "num_calibration_examples": self.num_calibration_examples,
                   "eval_steps": self.eval_steps,
                   "float_num_examples": (None if self.eval_steps is None
                                          else reference.num_examples)}
+        if self.float_keras is not None:
+            weights = 4 * self.float_keras.num_params
+            extras.update(float32_weights_bytes=weights,
+                          size_ratio_to_float32_weights=result.tflite_bytes / weights)
         return {**data, **{key: value for key, value in extras.items() if value is not None}}
+
+    def _float_tflite_fields(self) -> dict:
+        """The float .tflite's path, sizes and times, and the model's ratios to them: None
+        when the reference is the Keras model (there is no float .tflite)."""
+        result, reference = self.tflite, self.float_tflite
+        if reference is None:
+            return {key: None for key in (
+                "float_tflite_path", "float_tflite_bytes", "float_gzip_bytes",
+                "float_latency_ms", "float_throughput_ms_per_example", "size_ratio",
+                "latency_ratio", "throughput_ratio")}
+        both = result.throughput_ms_per_example and reference.throughput_ms_per_example
+        return {"float_tflite_path": reference.path,
+                "float_tflite_bytes": reference.tflite_bytes,
+                "float_gzip_bytes": reference.gzip_bytes,
+                "float_latency_ms": reference.latency_ms,
+                "float_throughput_ms_per_example": reference.throughput_ms_per_example,
+                "size_ratio": result.tflite_bytes / reference.tflite_bytes,
+                "latency_ratio": result.latency_ms / reference.latency_ms,
+                "throughput_ratio": (result.throughput_ms_per_example
+                                     / reference.throughput_ms_per_example if both else None)}
+
+
+# The float row's note when the quantized models were measured against the Keras model.
+KERAS_REFERENCE_NOTE = "the float32 Keras model: its .tflite would exceed the flatbuffer limit"
 
 
 def measured_of(entry: dict, prefix: str = "", measure: str | None = None) -> dict:
@@ -276,7 +313,9 @@ def comparison_rows(run_dir: str) -> list[dict]:
     float_row = None
     reference = next((r for r in quantized if r["source"] == "export"), None)
     if reference:
-        float_row = make_row("float", measured_of(reference, "float_"), None)
+        float_row = make_row("float", measured_of(reference, "float_"), None,
+                             KERAS_REFERENCE_NOTE if reference.get("reference") == "keras"
+                             else "")
     elif pruned and "float_tflite" in pruned:
         float_row = make_row("float", measured_of(pruned["float_tflite"],
                                                   measure=pruned.get("measure")), None)
@@ -319,6 +358,9 @@ def format_table(rows: list[dict]) -> str:
     def ms(row, key):
         return "-" if row[key] is None else f"{row[key]:.4f}{ratio(row, key, 'timing_reference')}"
 
+    def kib(row, key):
+        return "-" if row[key] is None else f"{row[key] / 1024:.1f}{ratio(row, key)}"
+
     settings = [rows[0][key] for key in TIMING_SETTINGS]
     latency_batch, throughput_batch, threads = settings
     measure = rows[0].get("measure") or "accuracy"
@@ -345,8 +387,7 @@ def format_table(rows: list[dict]) -> str:
             note = f"{note}; {timed}" if note else timed
         lines.append(
             f"| {row['model']} | {score(row)} "
-            f"| {row['tflite_bytes'] / 1024:.1f}{ratio(row, 'tflite_bytes')} "
-            f"| {row['gzip_bytes'] / 1024:.1f}{ratio(row, 'gzip_bytes')} "
+            f"| {kib(row, 'tflite_bytes')} | {kib(row, 'gzip_bytes')} "
             f"| {ms(row, 'latency_ms')} | {ms(row, 'throughput_ms_per_example')} | {note} |")
     notes = [note for note in (_examples_line(rows), _times_line(rows)) if note]
     if notes:  # after a blank line, so that pasted into markdown they are not rows of the table

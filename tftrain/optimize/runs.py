@@ -8,6 +8,7 @@ report before any gate can fail, so a failed run still leaves its numbers behind
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import tensorflow as tf
 import tf_keras as keras
@@ -22,13 +23,17 @@ from tftrain.runtime import cluster, distribute
 from tftrain.data import foreign, reader
 from tftrain.data import manifest as manifest_lib
 from tftrain.errors import ConfigError, TftrainError
-from tftrain.fileio import join, write_atomic, write_json
+from tftrain.fileio import join, remove, write_atomic, write_json
 from tftrain.optimize import bounds, distill, finetune, metrics, prune, quantize, report, sizes
 from tftrain.optimize import tflite_eval
-from tftrain.optimize.keras_model import load_keras_model
+from tftrain.optimize.keras_model import (custom_gradients, forget_custom_gradients,
+                                           load_keras_model)
 from tftrain.tasks import r2_metric  # noqa: F401  (registers R2: regression SavedModels load)
 
 SOURCES = ("export", "pruned")
+# In quantized/ while `tftrain quantize` runs: the model as a plain float32 SavedModel, which
+# every post-training conversion reads (`quantize.save_float32`); removed before it ends.
+FLOAT32_SAVED_MODEL = "float32_saved_model.tmp"
 
 
 def load_run_config(model_dir: str, strategy_name: str | None = None) -> config_lib.Config:
@@ -136,13 +141,22 @@ def _tflite_measure(content: bytes, path: str, eval_data, max_examples: int | No
     return {"path": path, "content": content, "evaluated": result}
 
 
-def _timed(measured: dict, eval_data, num_threads: int) -> dict[str, report.TfliteMeasurement]:
+def _timed(measured: dict, eval_data, num_threads: int,
+           bounded: bool = False) -> dict[str, report.TfliteMeasurement]:
     """Each `_tflite_measure` entry as a record, with its times from one interleaved comparison
     of all the models: `latency_ms` (batch 1, a request) and `throughput_ms_per_example` (batch
-    `throughput_batch_size`), with their batch sizes, `num_threads` and the `cpu`."""
+    `throughput_batch_size`), with their batch sizes, `num_threads` and the `cpu`.
+
+    `bounded` (--steps): the throughput batch holds at most the examples measured; filling
+    256 by repeating them would multiply the bounded measurement's time and memory (a batch of
+    256 windows of a large language model holds gigabytes of activations)."""
+    batch_size = tflite_eval.THROUGHPUT_BATCH_SIZE
+    if bounded:
+        batch_size = min([batch_size] + [entry["evaluated"]["num_examples"]
+                                         for entry in measured.values()])
     latencies = tflite_eval.compare_latencies(
         {name: entry["content"] for name, entry in measured.items()}, eval_data,
-        num_threads=num_threads)
+        num_threads=num_threads, batch_size=batch_size)
     return {name: report.TfliteMeasurement.of(entry["path"], entry["evaluated"], latencies[name])
             for name, entry in measured.items()}
 
@@ -256,7 +270,7 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
                                                join(out, f"{name}.tflite"), eval_data,
                                                max_eval_examples, task)
                          for name, m in (("float", model), ("model", result.model))},
-                        eval_data, num_threads)
+                        eval_data, num_threads, bounded=bool(options.eval_steps))
         summary = _pruning_report(result, before, after, tflite, config, task, options, strategy,
                                   source=source, split=split, steps_per_epoch=steps_per_epoch,
                                   epochs=epochs)
@@ -267,14 +281,15 @@ def prune_run(model_dir: str, *, target_sparsity: float = 0.8, m_by_n: str | Non
 
 
 def _keras_measure(model, eval_data, task, pruned_weights: set[str] | None = None,
-                   structure=None) -> report.KerasMeasurement:
+                   structure=None, *, gzip: bool = True) -> report.KerasMeasurement:
     """A Keras model's sparsity (`pruned_weights`: the weights it counts; `structure`: the m:n
     structure to check), the task's metrics on the evaluation data and the examples they were
-    measured on, its weights' gzip size."""
+    measured on, its weights' gzip size (`gzip=False`: None; it copies every weight twice)."""
     sparsity = prune.sparsity_report(model, pruned_weights, structure)
     measured, num_examples = metrics.keras_measure(model, eval_data, task)
-    return report.KerasMeasurement(metrics=measured, gzip_bytes=sizes.gzip_weights_bytes(model),
-                                   num_examples=num_examples, **sparsity)
+    return report.KerasMeasurement(
+        metrics=measured, gzip_bytes=sizes.gzip_weights_bytes(model) if gzip else None,
+        num_examples=num_examples, **sparsity)
 
 
 def _prune(model, train_data, config: config_lib.Config, task, options: PruneOptions, strategy,
@@ -382,13 +397,16 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
                  eval_steps: int = 0) -> list[dict]:
     """Quantizes `model_dir`'s `source` model in each of `modes`; writes `quantized/`.
 
-    Every .tflite (and the float conversion of the same source, the reference) is evaluated with
-    the interpreter on the evaluation split, with the task's metrics (`eval_steps` > 0: all on
-    the same first `eval_steps` batches only; each report gives `num_examples`,
-    `float_num_examples` and `eval_steps`), and the gate compares those. Returns the reports;
+    Every .tflite is evaluated with the interpreter on the evaluation split, with the task's
+    metrics (`eval_steps` > 0: on the same first `eval_steps` batches only; each report gives
+    `num_examples`, `float_num_examples` and `eval_steps`), against the float reference
+    measured on the same batches: the float conversion of the same source, or, when that
+    would exceed LiteRT's flatbuffer limit, the float32 Keras model (`quantize.float_reference`).
+    A mode whose .tflite would exceed the limit, or a conversion this machine's memory cannot
+    hold, is refused (ConfigError) before any conversion or output. Returns the reports;
     raises `TftrainError` after writing them when a model falls short of the task's gate: an
-    accuracy drop above `max_accuracy_drop` (classification, absolute), or an RMSE more than
-    `max_metric_change` above the float model's (regression, relative).
+    accuracy drop above `max_accuracy_drop` (classification, absolute), or a change of the
+    task's measure (RMSE, perplexity) more than `max_metric_change` for the worse (relative).
     """
     options = QuantizeOptions(modes, source, max_accuracy_drop, max_metric_change, int8_io,
                               qat_epochs, qat_learning_rate, num_calibration_examples,
@@ -401,55 +419,92 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
         strategy = _strategy(config)  # first: no TensorFlow op may run before it is built
     with run_dir.lock(model_dir, "tftrain quantize", cluster.is_chief(strategy)):
         split, eval_data = _eval_data(config, split, options.eval_steps)
+        gradients = custom_gradients()
         model = load_keras_model(path, allow_python=allow_python)
-        quantize.check_flatbuffer_sizes(model.count_params())
+        reference = quantize.check_quantizable(model.count_params(), modes)
         run_dir.mark_output(out)
-        float_name = report.model_name("float", source)
-        measured = {float_name: _tflite_measure(
-            quantize.convert(model, "float"), join(out, f"model_{float_name}.tflite"), eval_data,
-            options.max_eval_examples, task)}
-        extras = {}
-        for mode in modes:
-            quantized = _quantize(model, mode, config, task, options, strategy)
-            if quantized is None:  # multi-worker: the chief converts and reports
-                return []
-            content, extras[mode] = quantized
-            name = report.model_name(mode, source)
-            measured[name] = _tflite_measure(content, join(out, f"model_{name}.tflite"), eval_data,
-                                             options.max_eval_examples, task)
-        timed = _timed(measured, eval_data, num_threads)
+        keras_reference = (_keras_measure(model, eval_data, task, gzip=False)
+                           if reference == quantize.KERAS else None)
+        if not cluster.is_chief(strategy):  # multi-worker qat: the chief converts and reports
+            if "qat" in modes:
+                _qat_trained(model, config, task, options, strategy)
+            return []
+        saved = _temporary_output(out, FLOAT32_SAVED_MODEL)
+        model_name = model.name  # the conversions' errors name it
+        try:
+            quantize.save_float32(model, saved)
+            if "qat" not in modes:  # the conversions read the SavedModel: its memory goes back
+                model = None
+                forget_custom_gradients(since=gradients)
+            gc.collect()
+            contents, extras = _conversions(saved, model, reference, config, task, options,
+                                            strategy, name=model_name)
+        finally:
+            remove(saved, within=out)
+        model = None  # the interpreters below need the memory of its weights
+        gc.collect()
+        measured = {name: _tflite_measure(content, join(out, f"model_{name}.tflite"),
+                                          eval_data, options.max_eval_examples, task)
+                    for name, content in contents.items()}
+        timed = _timed(measured, eval_data, num_threads, bounded=bool(options.eval_steps))
         reports = [_quantized_report(mode, options, task, timed, path=path, split=split,
-                                     extra=extras[mode]) for mode in modes]
+                                     extra=extras[mode], keras_reference=keras_reference)
+                   for mode in modes]
         _write_and_gate(model_dir, reports, task, out)
         return [entry.to_json() for entry in reports]
 
 
-def _quantize(model, mode: str, config: config_lib.Config, task, options: QuantizeOptions,
-              strategy) -> tuple[bytes, dict] | None:
-    """`(the .tflite of mode, the report's extra fields)`: after quantization-aware training
-    for qat (None on a non-chief worker), calibrated on the training split for int8."""
-    to_convert, extra = _converted_input(model, mode, config, task, options, strategy)
-    if to_convert is None:
-        return None
-    calibration = None
+def _temporary_output(out: str, name: str) -> str:
+    """`out/name`, a directory that tftrain writes and removes within one command: refused when
+    it holds what tftrain did not write, cleared when an earlier command stopped before removing
+    it, then created with tftrain's marker."""
+    path = join(out, name)
+    run_dir.check_replaceable(path)
+    remove(path, within=out)
+    run_dir.mark_output(path)
+    return path
+
+
+def _conversions(saved: str, model, reference: str, config: config_lib.Config, task,
+                 options: QuantizeOptions, strategy, *, name: str) -> tuple[dict, dict]:
+    """`({name: .tflite bytes}, {mode: the report's extra fields})`: the float conversion when
+    it is the reference, then each mode, converted from the plain SavedModel `saved`
+    (`quantize.save_float32`) of the model `name`; qat from `model` after quantization-aware
+    training."""
+    contents, extras = {}, {}
+    if reference == quantize.TFLITE:
+        contents[report.model_name("float", options.source)] = quantize.convert_saved_model(
+            saved, "float", name=name)
+    for mode in options.modes:
+        contents[report.model_name(mode, options.source)], extras[mode] = _quantize(
+            saved, model, mode, config, task, options, strategy, name=name)
+    return contents, extras
+
+
+def _quantize(saved: str, model, mode: str, config: config_lib.Config, task,
+              options: QuantizeOptions, strategy, *, name: str) -> tuple[bytes, dict]:
+    """`(the .tflite of mode, the report's extra fields)`: from the SavedModel `saved`,
+    calibrated on the training split for int8; for qat from `model` after quantization-aware
+    training."""
+    if mode == "qat":
+        trained, extra = _qat_trained(model, config, task, options, strategy)
+        return quantize.convert(trained, mode, int8_io=options.int8_io_for(mode)), extra
+    calibration, extra = None, {}
     if mode == "int8":
         calibration = data_lib.load(config.data.dir, config.data.train_split,
                                     config.data.batch_size, training=True,
                                     seed=config.train.seed)
-    content = quantize.convert(to_convert, mode, representative_data=calibration,
-                               num_calibration_examples=options.num_calibration_examples,
-                               int8_io=options.int8_io_for(mode))
+        extra = {"num_calibration_examples": options.num_calibration_examples}
+    content = quantize.convert_saved_model(
+        saved, mode, representative_data=calibration,
+        num_calibration_examples=options.num_calibration_examples,
+        int8_io=options.int8_io_for(mode), name=name)
     return content, extra
 
 
-def _converted_input(model, mode: str, config: config_lib.Config, task,
-                     options: QuantizeOptions, strategy):
-    """`(model to convert, the report's extra fields)` for `mode`: the model itself, or for qat
-    the model after quantization-aware training (None on a non-chief worker)."""
-    if mode == "int8":
-        return model, {"num_calibration_examples": options.num_calibration_examples}
-    if mode != "qat":
-        return model, {}
+def _qat_trained(model, config: config_lib.Config, task, options: QuantizeOptions, strategy):
+    """`(the model after quantization-aware training, the report's extra fields)` (qat; every
+    worker of a multi-worker run trains)."""
     train_data, steps_per_epoch = _train_data(config, strategy)
     trained, float_layers = quantize.quantization_aware_training(
         model, train_data, steps_per_epoch=steps_per_epoch, epochs=options.qat_epochs,
@@ -457,16 +512,19 @@ def _converted_input(model, mode: str, config: config_lib.Config, task,
         optimizer_fn=_optimizer_fn(config, options.qat_learning_rate, steps_per_epoch,
                                    options.qat_epochs),
         strategy=strategy, verbose=_verbosity())
-    extra = {"float_layers": float_layers, "qat_epochs": options.qat_epochs}
-    return (trained if cluster.is_chief(strategy) else None), extra
+    return trained, {"float_layers": float_layers, "qat_epochs": options.qat_epochs}
 
 
 def _quantized_report(mode: str, options: QuantizeOptions, task, timed: dict, *, path: str,
-                      split: str, extra: dict) -> report.QuantizeReport:
-    """quantized/report_<name>.json: `mode`'s model against the float reference, the task's
-    measure and its gate."""
+                      split: str, extra: dict,
+                      keras_reference: report.KerasMeasurement | None = None
+                      ) -> report.QuantizeReport:
+    """quantized/report_<name>.json: `mode`'s model against the float reference (the float
+    .tflite in `timed`, or `keras_reference`), the task's measure and its gate."""
     result = timed[report.model_name(mode, options.source)]
-    reference = timed[report.model_name("float", options.source)]
+    float_tflite = (None if keras_reference is not None
+                    else timed[report.model_name("float", options.source)])
+    reference = float_tflite or keras_reference
     return report.QuantizeReport(
         mode=mode, source=options.source, model=path, split=split, task=task.name,
         measure=task.measure, change_name=task.change_name,
@@ -474,8 +532,8 @@ def _quantized_report(mode: str, options: QuantizeOptions, task, timed: dict, *,
         max_change=options.max_change(task),
         metrics={k: result.metrics[k] for k in task.evaluate_keys(result.metrics)},
         float_metrics={k: reference.metrics[k] for k in task.evaluate_keys(reference.metrics)},
-        tflite=result, float_tflite=reference, int8_io=options.int8_io_for(mode),
-        eval_steps=options.eval_steps, **extra)
+        tflite=result, float_tflite=float_tflite, int8_io=options.int8_io_for(mode),
+        eval_steps=options.eval_steps, float_keras=keras_reference, **extra)
 
 
 def _write_and_gate(model_dir: str, reports: list[report.QuantizeReport], task,
@@ -485,7 +543,7 @@ def _write_and_gate(model_dir: str, reports: list[report.QuantizeReport], task,
     for entry in reports:
         report_path = report.write_quantized_report(model_dir, entry)
         if not entry.passed:
-            line = _gate_line(task, entry.float_tflite.metrics[entry.measure],
+            line = _gate_line(task, entry.float_measure,
                               entry.tflite.metrics[entry.measure], entry.change,
                               entry.max_change)
             failures.append(f"{report.model_name(entry.mode, entry.source)}: {line}; report "
