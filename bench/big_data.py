@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -243,9 +244,11 @@ def run_measured(command: list[str], cwd: str = REPO,
 
 
 def run_measured_result(command: list[str], cwd: str = REPO, ok_codes: tuple = (0,)) -> dict:
-    """`run_measured` with what the command said: `{"seconds", "peak_mb", "returncode",
-    "stdout", "stderr"}`."""
+    """`run_measured` with what the command said: `{"seconds", "cpu_seconds", "peak_mb",
+    "returncode", "stdout", "stderr"}` (`cpu_seconds`: user + system of the command and the
+    processes it waited for)."""
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=env, cwd=cwd)
@@ -264,8 +267,11 @@ def run_measured_result(command: list[str], cwd: str = REPO, ok_codes: tuple = (
     sampler.join()
     if process.returncode not in ok_codes:
         raise SystemExit(f"{' '.join(command)} failed:\n{stderr[-3000:]}")
-    return {"seconds": time.perf_counter() - started, "peak_mb": peak / 2**20,
-            "returncode": process.returncode, "stdout": stdout, "stderr": stderr}
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = used.ru_utime + used.ru_stime - children.ru_utime - children.ru_stime
+    return {"seconds": time.perf_counter() - started, "cpu_seconds": cpu,
+            "peak_mb": peak / 2**20, "returncode": process.returncode, "stdout": stdout,
+            "stderr": stderr}
 
 
 def measure(kind: str, source: str, work: str, size_mb: int) -> dict:

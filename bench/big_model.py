@@ -80,11 +80,16 @@ def _override(size: str, base: str | None = None) -> list[str]:
     return [f"--params_override={','.join(parts)}"] if parts else []
 
 
+def lm_1b_data(work: str) -> None:
+    """Converts lm_1b's data into `work`/data/lm_1b (its header's command) unless it is there."""
+    if not os.path.exists(os.path.join(work, "data/lm_1b/dataset.json")):
+        run_measured([TFTRAIN, *CONVERT], cwd=work)
+
+
 def measure(size: str, work: str) -> dict:
     """Plans and runs one size in `work` (the data converted there on the first size)."""
     shutil.rmtree(os.path.join(work, "runs"), ignore_errors=True)
-    if not os.path.exists(os.path.join(work, "data/lm_1b/dataset.json")):
-        run_measured([TFTRAIN, *CONVERT], cwd=work)
+    lm_1b_data(work)
     plan_path = os.path.join(work, f"plan-{size}.json")
     check_s, _ = run_measured([TFTRAIN, *CHECK, f"--json={plan_path}", *_override(size)],
                               cwd=work, ok_codes=(0, 1))

@@ -29,7 +29,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.big_data import TFTRAIN, run_measured  # noqa: E402
-from bench.big_model import CONVERT, SIZES  # noqa: E402
+from bench.big_model import SIZES, lm_1b_data  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
 from tftrain.host import cpu_name  # noqa: E402
 
@@ -75,8 +75,7 @@ def main() -> None:
     args = parser.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores", flush=True)
-    if not os.path.exists(os.path.join(args.workdir, "data/lm_1b/dataset.json")):
-        run_measured([TFTRAIN, *CONVERT], cwd=args.workdir)
+    lm_1b_data(args.workdir)
     rows = []
     for size in args.sizes.split(","):
         results = {}

@@ -38,20 +38,27 @@ TFLITE, KERAS = "tflite", "keras"
 # The one signature of the SavedModel every conversion reads (`save_float32`).
 SIGNATURE = "serving_default"
 # Peak memory of `tftrain quantize --mode=M --steps=1` ~ MEMORY_FIXED + k x the model's float32
-# weight bytes, k = MEMORY_PER_WEIGHT_BYTE[reference][M]: the peak anonymous memory of the
-# command (bench/big_data.run_measured), fitted on transformer_lm runs of lm_1b.yaml's blocks
-# (width 2048, MLP 8192) with 2 and 6 layers (105M, 307M weights) and checked at 10 (508M: its
-# Keras-reference peaks within 1% of the line), on lm_1b's data, on a 2-core AMD EPYC with
-# 24 GB. What scales: the loaded model holds ~2.1x its weights, the TFLite converter ~4.4x more
-# while it runs (a float .tflite reference converts once more). Narrower models (width 512 and
-# 768, 20M and 87M weights) measured up to 1.3x this line (their smaller tensors cost more per
-# byte). qat was not measured: dynamic plus fine-tuning's copy, gradients and two optimizer
-# slots (+4).
-MEMORY_FIXED = 640 * 2**20
+# weight bytes, k = MEMORY_PER_WEIGHT_BYTE[reference][M]. Measured by bench/quantize_memory.py
+# (the peak PSS of the command's process tree, sampled every 20 ms) on transformer_lm runs of
+# lm_1b.yaml's blocks (width 2048, MLP 8192, 16 heads, remat) with 2 and 6 layers (105M, 307M
+# weights) trained one step on lm_1b's data, on this project's 2-core AMD EPYC VM with 24 GB
+# (TF 2.21, oneDNN on), in December 2026: k is the slope through the two (rounded up), and
+# MEMORY_FIXED is above every fitted intercept (82-447 MiB). Checked at 10 layers (508M: Keras
+# reference, dynamic, 10,046 MiB measured, 0.9% under the line) and on narrower models (width
+# 512 and 768, 20M and 87M weights: 1.09x and 1.01x the line). Where it goes (105M, dynamic):
+# the loaded Keras model holds ~2.2x its float32 weights, which TensorFlow's (oneDNN's)
+# allocator keeps for its own later tensors once the model is let go; the conversion then peaks
+# at ~5x (the converter alone, in a fresh process: ~5x too), int8's with its calibration, and a
+# float .tflite reference is one conversion more. When each conversion re-saved the held Keras
+# model (from_keras_model), k was 6.55, 6.99, 10.71 against Keras and 8.61, 9.02, 11.61 against
+# the float .tflite, with 640 MiB. qat was not measured: dynamic, plus the loaded model it keeps
+# (2.2) and fine-tuning's copy, gradients and two optimizer slots (4).
+MEMORY_FIXED = 450 * 2**20
 MEMORY_PER_WEIGHT_BYTE = {
-    TFLITE: {"dynamic": 8.61, "float16": 9.02, "int8": 11.61},
-    KERAS: {"dynamic": 6.55, "float16": 6.99, "int8": 10.71},
+    TFLITE: {"dynamic": 7.31, "float16": 7.90, "int8": 10.25},
+    KERAS: {"dynamic": 5.01, "float16": 5.41, "int8": 9.20},
 }
+QAT_PER_WEIGHT_BYTE = 2.2 + 4  # over dynamic's
 
 
 def _gib(nbytes: float) -> str:
@@ -94,7 +101,7 @@ def estimated_memory(parameters: int, mode: str, reference: str) -> int:
     """Bytes `tftrain quantize --mode=mode` is estimated to hold at its peak (see
     MEMORY_PER_WEIGHT_BYTE) for a model of `parameters` weights measured against `reference`."""
     per_byte = MEMORY_PER_WEIGHT_BYTE[reference]
-    k = per_byte["dynamic"] + 4 if mode == "qat" else per_byte[mode]
+    k = per_byte["dynamic"] + QAT_PER_WEIGHT_BYTE if mode == "qat" else per_byte[mode]
     return int(MEMORY_FIXED + k * tflite_bytes(parameters, "float"))
 
 

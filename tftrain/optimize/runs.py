@@ -441,7 +441,8 @@ def quantize_run(model_dir: str, modes: list[str], *, source: str = "export",
                                             strategy, name=model_name)
         finally:
             remove(saved, within=out)
-        model = None  # the interpreters below need the memory of its weights
+        model = None  # the interpreters below need the memory of its weights (qat kept it)
+        forget_custom_gradients(since=gradients)
         gc.collect()
         measured = {name: _tflite_measure(content, join(out, f"model_{name}.tflite"),
                                           eval_data, options.max_eval_examples, task)
