@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,6 +32,8 @@ sys.path.insert(0, REPO)
 from bench.big_data import TFTRAIN, run_measured_result  # noqa: E402
 from bench.big_model import lm_1b_data  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
+from tftrain import run_dir  # noqa: E402
+from tftrain.fileio import remove  # noqa: E402
 from tftrain.host import cpu_name  # noqa: E402
 
 MIB = 1 << 20
@@ -54,6 +55,14 @@ def train(work: str, layers: int) -> str:
     return run
 
 
+def _drop_quantized(run: str) -> None:
+    """Removes the run's quantized/ when tftrain wrote it (never through a link, never out of
+    the run; a folder of that name from elsewhere stops the bench)."""
+    path = os.path.join(run, run_dir.QUANTIZED)
+    run_dir.check_replaceable(path)
+    remove(path, within=run)
+
+
 def quantize(work: str, run: str, mode: str, reference: str) -> dict:
     """One measured `tftrain quantize --mode=mode --steps=1` of `run` against `reference`."""
     with open(os.path.join(work, run, "summary.json")) as f:
@@ -62,11 +71,11 @@ def quantize(work: str, run: str, mode: str, reference: str) -> dict:
                  "--max_metric_change=100"]
     command = ([TFTRAIN, *arguments] if reference == "tflite"
                else [sys.executable, "-c", LOWERED, str(3 * weights), *arguments])
-    shutil.rmtree(os.path.join(work, run, "quantized"), ignore_errors=True)
+    _drop_quantized(os.path.join(work, run))
     result = run_measured_result(command, cwd=work, ok_codes=(0, 1))
     with open(os.path.join(work, run, "quantized", f"report_{mode}.json")) as f:
         report = json.load(f)
-    shutil.rmtree(os.path.join(work, run, "quantized"), ignore_errors=True)
+    _drop_quantized(os.path.join(work, run))  # its .tflite files: gigabytes of disk
     assert report["reference"] == reference, report["reference"]
     return {"run": run, "weights": weights, "mode": mode, "reference": reference,
             "peak_mib": result["peak_mb"], "seconds": result["seconds"],
