@@ -52,6 +52,22 @@ def run(trained, tmp_path):
     return path
 
 
+@pytest.fixture(scope="module")
+def traced_export(trained, tmp_path_factory):
+    """The run's export saved again with every layer's traced call, as tftrain saved its
+    Transformers before their attention layers were saved under tf-keras's class names (a model
+    with any other layer is still saved so): loading it registers the gradient functions of its
+    recomputed blocks. Its export/ directory."""
+    from tftrain.engine import export
+    from tftrain.models.recompute import recomputed_model_class
+
+    recomputed_model_class()  # defined: the export loads as the recomputed model it was
+    model = export.load_keras_model(export.saved_model_dir(str(trained / "export")))
+    path = tmp_path_factory.mktemp("traced") / "export"
+    model.save(str(path / "1"), save_format="tf", include_optimizer=False, save_traces=True)
+    return path
+
+
 def parameters(run) -> int:
     """The run's weights, counted here from its export."""
     from tftrain.optimize.keras_model import load_keras_model
@@ -188,13 +204,15 @@ def test_the_memory_available_to_a_command(limit, expected, tmp_path, monkeypatc
     assert host.memory_for_this_process() == expected + (100 << 20)  # plus what it holds
 
 
-@pytest.mark.parametrize("reference", ["tflite", "keras"])
+@pytest.mark.parametrize("reference,traced", [("tflite", False), ("keras", True)])
 def test_every_conversion_reads_one_plain_saved_model_without_the_keras_model(
-        reference, run, monkeypatch):
+        reference, traced, run, traced_export, monkeypatch):
     """The float reference and each mode convert from one SavedModel that quantize writes into
     quantized/ and removes: the model's variables and its serving signature, no Keras object
     (a Keras save traces every layer's call: seconds per conversion, and memory), read after
-    the loaded Keras model is gone (also after it measured itself as the reference)."""
+    the loaded Keras model is gone (also after it measured itself as the reference), and after
+    the gradient functions that loading an export with traces registers are forgotten (an
+    export without them registers none)."""
     import gc
     import weakref
 
@@ -206,7 +224,10 @@ def test_every_conversion_reads_one_plain_saved_model_without_the_keras_model(
 
     if reference == "keras":  # the float .tflite over the limit, float16's not
         monkeypatch.setattr(quantize, "FLATBUFFER_LIMIT", 3 * parameters(run))
-    loaded, traced, conversions, registered = [], [], [], []
+    if traced:
+        shutil.rmtree(run / "export")
+        shutil.copytree(traced_export, run / "export")
+    loaded, traces, conversions, registered = [], [], [], []
     before = custom_gradients()
     load = runs.load_keras_model
     wrap = save_impl.wrap_layer_functions
@@ -219,7 +240,7 @@ def test_every_conversion_reads_one_plain_saved_model_without_the_keras_model(
         return model
 
     def watch_traces(layer, *args, **kwargs):  # a Keras SavedModel's per-layer traces
-        traced.append(layer.name)
+        traces.append(layer.name)
         return wrap(layer, *args, **kwargs)
 
     def convert_and_watch(path, mode, **kwargs):
@@ -239,13 +260,14 @@ def test_every_conversion_reads_one_plain_saved_model_without_the_keras_model(
     monkeypatch.setattr(quantize, "convert_saved_model", convert_and_watch)
     assert run_cli("quantize", f"--model_dir={run}", "--mode=dynamic,float16", "--steps=1",
                    "--max_metric_change=1") == 0
-    assert traced == []
+    assert traces == []
     assert json.loads((run / "quantized" / "report.json").read_text())["reference"] == reference
     saved = str(run / "quantized" / runs.FLOAT32_SAVED_MODEL)
     floats = ["float"] if reference == "tflite" else []
     assert [(path, mode) for path, mode, *_ in conversions] == [
         (saved, mode) for mode in floats + ["dynamic", "float16"]]
-    assert len(registered) == 1 and registered[0]  # lm_1b's blocks are recomputed (remat)
+    # lm_1b's blocks are recomputed (remat): their gradients are in the traces, if any
+    assert len(registered) == 1 and bool(registered[0]) == traced
     for _, mode, names, dropped, gradients in conversions:
         assert "saved_model.pb" in names and "keras_metadata.pb" not in names, (mode, names)
         assert "stale.txt" not in names, (mode, names)

@@ -11,6 +11,7 @@ import tf_keras as keras
 
 from pipelines import load_pipeline
 from tests.conftest import run_cli
+from tests.shared_runs import text_lm_run  # noqa: F401  (a fixture)
 from tftrain import config as config_lib
 from tftrain import ownership
 from tftrain.engine import export
@@ -153,34 +154,56 @@ def test_a_decode_that_cannot_be_exported_leaves_the_tensor_signature(monkeypatc
 
 
 PLAIN_LOAD = """
-import os, sys
+import json, os, sys
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
 import numpy as np, tf_keras
-model = tf_keras.models.load_model(sys.argv[1])
+classes = {}
+for model_dir, inputs, outputs in zip(*[iter(sys.argv[1:])] * 3):
+    model = tf_keras.models.load_model(model_dir)
+    np.save(outputs, model(np.load(inputs)).numpy())
+    classes[model_dir] = sorted({f"{type(layer).__module__}.{type(layer).__name__}"
+                                 for layer in model.submodules})
 assert not any(name.startswith(("tftrain", "pipelines")) for name in sys.modules)
-np.save(sys.argv[2], model(np.asarray(np.load(sys.argv[3]))).numpy())
+print(json.dumps(classes))
 """
 
 
-def test_plain_tf_keras_loads_the_export_without_tftrain(run, tmp_path):
-    """A model of built-in layers is saved without layer traces (rebuilt from its config), one
-    with other layers keeps them; either way a process that never imports tftrain loads it."""
+def test_plain_tf_keras_loads_the_export_without_tftrain(run, text_lm_run, tmp_path):
+    """A model of built-in layers is saved without layer traces (rebuilt from its config), and
+    so is a Transformer, whose attention layers are saved as the tf-keras classes they extend;
+    a model with other layers keeps its traces. Either way a process that never imports
+    tftrain loads it, and computes what tftrain's model computes; tftrain loads the
+    Transformer's attention back as its own MatMul layer."""
     import subprocess
     import sys
 
     import tensorflow_model_optimization as tfmot
+    from tftrain.models import attention
 
     images = np.random.default_rng(0).random([4, 8, 8, 1], np.float32)
-    np.save(tmp_path / "images.npy", images)
-    trained = keras.models.load_model(str(_version_dir(run)), compile=False)
+    tokens = np.random.default_rng(0).integers(1, 60, [2, 64]).astype(np.int32)
+    trained = export.load_keras_model(str(_version_dir(run)))
     assert not export.needs_traces(trained)
     wrapped = tfmot.sparsity.keras.prune_low_magnitude(keras.models.clone_model(trained))
     assert export.needs_traces(wrapped)
     export.save_saved_model(wrapped, str(tmp_path / "wrapped"))
-    for path, model in ((_version_dir(run), trained), (tmp_path / "wrapped", wrapped)):
-        done = subprocess.run([sys.executable, "-c", PLAIN_LOAD, str(path), str(tmp_path / "out.npy"),
-                               str(tmp_path / "images.npy")], capture_output=True, text=True,
-                              timeout=240, cwd=tmp_path)
-        assert done.returncode == 0, done.stderr[-3000:]
-        np.testing.assert_allclose(np.load(tmp_path / "out.npy"), model(images).numpy(),
-                                   rtol=1e-5, atol=1e-6)
+    transformer = export.load_keras_model(str(_version_dir(text_lm_run)))
+    assert not export.needs_traces(transformer)
+    assert {type(layer) for layer in transformer.submodules} >= set(
+        attention.saved_classes().values())
+    cases = [(_version_dir(run), trained, images), (tmp_path / "wrapped", wrapped, images),
+             (_version_dir(text_lm_run), transformer, tokens)]
+    args = []
+    for i, (path, _, inputs) in enumerate(cases):
+        np.save(tmp_path / f"in{i}.npy", inputs)
+        args += [str(path), str(tmp_path / f"in{i}.npy"), str(tmp_path / f"out{i}.npy")]
+    done = subprocess.run([sys.executable, "-c", PLAIN_LOAD, *args], capture_output=True,
+                          text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for i, (_, model, inputs) in enumerate(cases):
+        np.testing.assert_allclose(np.load(tmp_path / f"out{i}.npy"), model(inputs).numpy(),
+                                   rtol=1e-5, atol=1e-5)
+    classes = json.loads(done.stdout.strip().splitlines()[-1])[str(_version_dir(text_lm_run))]
+    assert ("tf_keras.src.layers.attention.multi_head_attention.MultiHeadAttention" in classes
+            and all(name.startswith("tf_keras.src.layers.") or name.startswith(
+                "tf_keras.src.engine.") for name in classes)), classes

@@ -49,6 +49,7 @@ from tftrain.callbacks import preemption
 from tftrain import ownership, run_dir
 from tftrain.data import foreign, reader
 from tftrain.fileio import join, remove
+from tftrain.models import attention
 
 SAVED_MODEL = "saved_model.pb"
 EXAMPLES_SIGNATURE = "serving_examples"
@@ -133,12 +134,22 @@ def needs_traces(model) -> bool:
     """Whether the SavedModel must carry the traced call functions of the model's layers.
 
     `load_model` rebuilds a model of built-in tf-keras layers from its config alone, without
-    traces; other layers (TFMOT's wrappers, a user's own) it can only revive from their traced
-    functions when their classes are not importable. Tracing every layer is most of a save's
-    time: 17 s of 20 for MobileNetV2 (configs/finetune.yaml).
+    traces, and so tftrain's attention layers, saved as the tf-keras classes they extend
+    (`models.attention`); other layers (TFMOT's wrappers, a user's own) it can only revive from
+    their traced functions when their classes are not importable. Tracing every layer is most
+    of a save's time: 17 s of 20 for MobileNetV2 (configs/finetune.yaml).
     """
-    return any(not type(layer).__module__.startswith("tf_keras.")
+    rebuilt_from_config = tuple(attention.saved_classes().values())
+    return any(not (type(layer).__module__.startswith("tf_keras.")
+                    or type(layer) in rebuilt_from_config)
                for layer in model.submodules if isinstance(layer, keras.layers.Layer))
+
+
+def load_keras_model(path: str, compile: bool = False):
+    """tf-keras's `load_model` of the SavedModel (or file) at `path`, with tftrain's layers in
+    place of the tf-keras classes they are saved as (`models.attention.saved_classes`)."""
+    return keras.models.load_model(path, compile=compile,
+                                   custom_objects=attention.saved_classes())
 
 
 def versions(export_dir: str) -> list[int]:

@@ -9,6 +9,11 @@ bfloat16 kernel uses AMX and AVX512-BF16 units through oneDNN. `MatmulAttention`
 with the same weights (names, shapes, checkpoint paths), the same masks and the same results,
 computed as reshaped MatMuls (the projections) and BatchMatMulV2 (scores and the weighted sum
 of values).
+
+Both layers are saved under their tf-keras parents' names (`MultiHeadAttention`, `EinsumDense`),
+whose configs they share: any tf-keras rebuilds a SavedModel of tftrain's Transformers from its
+config, without tftrain and without the traced call of every layer (tracing them was most of a
+Transformer's export). tftrain loads them back as these layers (`saved_classes`).
 """
 from __future__ import annotations
 
@@ -33,6 +38,12 @@ def _contraction(equation: str) -> int | None:
     return count
 
 
+def _saved_as_parent(cls):
+    """`cls` named as its tf-keras parent: tf-keras saves a layer's class by that name."""
+    cls.__name__ = cls.__qualname__ = cls.__bases__[0].__name__
+    return cls
+
+
 @functools.cache
 def projection_class():
     """`MatmulProjection`: an `EinsumDense` computed as one MatMul (defined once, on first use:
@@ -40,7 +51,7 @@ def projection_class():
     import tensorflow as tf
     import tf_keras as keras
 
-    @keras.saving.register_keras_serializable(package="tftrain")
+    @_saved_as_parent
     class MatmulProjection(keras.layers.EinsumDense):
         """`EinsumDense` whose product, when it is a plain contraction of the input's last dims
         with the kernel's first ones, runs as [positions, in] x [in, out] MatMul."""
@@ -63,13 +74,13 @@ def projection_class():
 
 @functools.cache
 def attention_class():
-    """`MatmulAttention` (defined and registered for loading once, on first use)."""
+    """`MatmulAttention` (defined once, on first use)."""
     import tensorflow as tf
     import tf_keras as keras
 
     projection = projection_class()
 
-    @keras.saving.register_keras_serializable(package="tftrain")
+    @_saved_as_parent
     class MatmulAttention(keras.layers.MultiHeadAttention):
         """tf_keras `MultiHeadAttention` computed with MatMul and BatchMatMulV2 (see the
         module's docstring); its config, weights and outputs are the parent's."""
@@ -92,3 +103,11 @@ def attention_class():
             return tf.transpose(output, heads_first), scores
 
     return MatmulAttention
+
+
+def saved_classes() -> dict:
+    """`custom_objects` for tf-keras's `load_model` and `from_config`: the saved class names of
+    tftrain's layers (and those earlier tftrain versions saved them under), mapped to them."""
+    attention, projection = attention_class(), projection_class()
+    return {"MultiHeadAttention": attention, "tftrain>MatmulAttention": attention,
+            "tftrain>MatmulProjection": projection}

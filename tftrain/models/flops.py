@@ -9,7 +9,8 @@ is not counted, being work the model does not need):
   Conv1D/2D/3D         2 x kernel size x output positions (depthwise and separable alike,
                        from their kernels)
   MultiHeadAttention   its four projections as above, plus 2 x 2 x heads x T x S x key_dim
-  (MatmulAttention)    (the scores Q.K and the weighted sum of V)
+                       (the scores Q.K and the weighted sum of V); tftrain's MatMul attention
+                       (`models.attention`) is named as the layer it computes
   everything else      0 (embeddings are lookups; norms, activations, softmax and adds are
                        elementwise and small beside the matmuls)
 
@@ -21,8 +22,8 @@ from __future__ import annotations
 
 import math
 
-MATMUL_LAYERS = ("Dense", "EinsumDense", "MatmulProjection")
-ATTENTION_LAYERS = ("MultiHeadAttention", "MatmulAttention")  # models/attention.py
+MATMUL_LAYERS = ("Dense", "EinsumDense")
+ATTENTION_LAYERS = ("MultiHeadAttention",)
 CONV_LAYERS = ("Conv1D", "Conv2D", "Conv3D", "DepthwiseConv2D", "SeparableConv2D",
                "Conv1DTranspose", "Conv2DTranspose", "Conv3DTranspose")
 

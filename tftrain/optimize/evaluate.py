@@ -39,7 +39,7 @@ def load_saved_model(path: str, allow_python: bool = False):
     model_code.refuse_python(found, allow_python)
     export.register_text_ops()
     try:
-        return keras.models.load_model(found, compile=False)
+        return export.load_keras_model(found)
     except Exception as e:  # noqa: BLE001  (a damaged file: tf-keras and protobuf raise many kinds)
         raise TftrainError(f"cannot load the SavedModel at {found}: {type(e).__name__}: "
                            f"{(str(e).splitlines() or [''])[0][:300]}") from None

@@ -84,7 +84,7 @@ def load_keras_model(path: str, *, compile: bool = True,
         model_code.refuse_python(path, allow_python)
     export.register_text_ops()
     try:
-        model = keras.models.load_model(path, compile=compile)
+        model = export.load_keras_model(path, compile=compile)
     except Exception as e:  # tf-keras raises many kinds; name the file and the reason
         raise TftrainError(f"cannot load the tf-keras model at {path}: {type(e).__name__}: "
                            f"{str(e).splitlines()[0] if str(e) else ''}") from e

@@ -21,6 +21,7 @@ from tftrain import config_schema as config_lib
 from tftrain.data import foreign, reader
 from tftrain.training import optimizers
 from tftrain.errors import ConfigError
+from tftrain.models import attention
 from tftrain.runtime import distribute, dtensor_layouts, dtensor_optimizers
 
 # Attributes under which tf-keras layers also list their variables (skipped by LayoutMap too).
@@ -139,7 +140,7 @@ def build_sharded(model: keras.Model, mesh, plan: dict) -> keras.Model:
                           "runtime.strategy=dtensor needs a functional or sequential tf_keras "
                           "model")
     with layout_map.scope():
-        sharded = type(model).from_config(config)
+        sharded = type(model).from_config(config, custom_objects=attention.saved_classes())
     plain_vars, sharded_vars = named_variables(model), named_variables(sharded)
     if set(plain_vars) != set(sharded_vars):
         raise ConfigError(f"model {model.name!r} rebuilt from its config has other weights "

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 
 from tftrain.errors import ConfigError
+from tftrain.models import attention
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,7 +221,8 @@ def build(model, stages: list[Stage], devices: list[str]) -> list:
         index = position % len(stages)
         with tf.device(device):
             # the model's own class: a recomputed model's stages are recomputed too
-            part = type(model).from_config(_stage_config(model, stages[index], index))
+            part = type(model).from_config(_stage_config(model, stages[index], index),
+                                           custom_objects=attention.saved_classes())
         built.append(part)
     copy_weights(model, built)
     return built
