@@ -63,18 +63,21 @@ print(json.dumps({
     "command_modules": sorted(m for m in sys.modules if m.startswith("tftrain.cli.")
                               and m != "tftrain.cli.preload"),
     "tensorflow": "tensorflow" in sys.modules, "engine": "tftrain.engine.train" in sys.modules,
+    "tfmot": "tensorflow_model_optimization" in sys.modules, "keras_3": "keras" in sys.modules,
 }))
 """
 
 
 def test_the_server_imports_tensorflow_and_the_engine_but_runs_nothing_and_defines_no_flags():
     """Forking is safe only while no TensorFlow runtime exists; a command module preloaded would
-    define its flags in every child (`tftrain convert --task_index=1` accepted)."""
+    define its flags in every child (`tftrain convert --task_index=1` accepted). TFMOT is
+    imported without Keras 3, which it would load only to fail (`tftrain.optimize.tfmot_lib`)."""
     done = subprocess.run([sys.executable, "-c", PRELOAD_PROBE], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1]) == {
-        "runtime_started": False, "command_modules": [], "tensorflow": True, "engine": True}
+        "runtime_started": False, "command_modules": [], "tensorflow": True, "engine": True,
+        "tfmot": True, "keras_3": False}
 
 
 def test_a_child_knows_only_its_own_commands_flags(tmp_path):

@@ -11,15 +11,14 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import tensorflow_model_optimization as tfmot
 import tf_keras as keras
 from absl import logging
-from tensorflow_model_optimization.python.core.sparsity.keras import prune_registry, pruning_wrapper
 
 from tftrain.errors import ConfigError, TftrainError
 from tftrain.optimize import distill
 from tftrain.optimize import finetune as finetune_lib
 from tftrain.optimize.keras_model import clone_float32
+from tftrain.optimize.tfmot_lib import prune_registry, pruning_wrapper, tfmot
 
 SCHEDULES = ("polynomial", "constant")
 # Fraction of the fine-tuning steps spent ramping sparsity up; the rest recovers accuracy.

@@ -14,17 +14,15 @@ import tempfile
 
 import numpy as np
 import tensorflow as tf
-import tensorflow_model_optimization as tfmot
 import tf_keras as keras
 from absl import logging
-from tensorflow_model_optimization.python.core.quantization.keras.default_8bit import (
-    default_8bit_quantize_registry)
 
 from tftrain import host, quiet_start
 from tftrain.engine import export
 from tftrain.errors import ConfigError, TftrainError
 from tftrain.optimize import finetune as finetune_lib
 from tftrain.optimize.keras_model import check_tf_keras, clone_float32, is_mixed_precision
+from tftrain.optimize.tfmot_lib import default_8bit_quantize_registry, tfmot
 
 MODES = ("dynamic", "int8", "float16", "qat")
 _CONVERSIONS = ("float",) + MODES
