@@ -59,6 +59,7 @@ def stream(segments: list[Segment], start_record: int = 0) -> tf.data.Dataset:
 
 
 def _traced(one_pass):
+    @tf.autograph.experimental.do_not_convert  # plain TF and tf.data calls: nothing to convert
     def traced_pass(index):
         # flat_map traces this in a graph of its own: this sets that graph's seed, not TF's
         # global one, so the order does not depend on it (and a global seed of 0, which TF's

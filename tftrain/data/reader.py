@@ -446,7 +446,8 @@ def _records(share: Share, deterministic: bool, file_seed=None,
     # Each file is read RECORDS_PER_READ records at a time and unbatched: the parallel
     # interleave then hands over one element per 64 records (cheaper than one per record).
     dataset = dataset.interleave(
-        lambda file: tf.data.TFRecordDataset(file).batch(RECORDS_PER_READ),
+        tf.autograph.experimental.do_not_convert(
+            lambda file: tf.data.TFRecordDataset(file).batch(RECORDS_PER_READ)),
         cycle_length=min(len(share.files), 16) or 1, num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=deterministic).unbatch()
     return dataset if share.by_file else dataset.shard(share.num_pipelines, share.pipeline_id)

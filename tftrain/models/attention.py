@@ -56,8 +56,14 @@ def projection_class():
         """`EinsumDense` whose product, when it is a plain contraction of the input's last dims
         with the kernel's first ones, runs as [positions, in] x [in, out] MatMul."""
 
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            # found once here, not in `call`, which Keras rewrites with AutoGraph (with every
+            # function it calls) in each process that builds the layer
+            self.contracted_dims = _contraction(self.equation)
+
         def call(self, inputs):
-            count = _contraction(self.equation)
+            count = self.contracted_dims
             if count is None:
                 return super().call(inputs)
             kernel = tf.convert_to_tensor(self.kernel)

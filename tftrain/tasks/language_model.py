@@ -38,13 +38,19 @@ def metric_classes() -> dict:
             return keras.losses.sparse_categorical_crossentropy(
                 y_true, tf.cast(y_pred, tf.float32), from_logits=True)
 
+        # The metrics' methods branch on Python values only: AutoGraph, which Keras applies to
+        # them, would only spend a process's CPU rewriting their source.
+        plain = tf.autograph.experimental.do_not_convert
+
         @keras.saving.register_keras_serializable(package="tftrain")
         class Perplexity(keras.metrics.Mean):
             """exp(the mean sparse cross-entropy of logits over every position seen)."""
 
+            @plain
             def update_state(self, y_true, y_pred, sample_weight=None):
                 return super().update_state(crossentropy(y_true, y_pred), sample_weight)
 
+            @plain
             def result(self):
                 return tf.exp(super().result())
 
@@ -60,6 +66,7 @@ def metric_classes() -> dict:
                 self.nats = self.add_weight("nats", initializer="zeros", dtype=tf.float32)
                 self.bytes = self.add_weight("bytes", initializer="zeros", dtype=tf.float32)
 
+            @plain
             def update_state(self, y_true, y_pred, sample_weight=None):
                 nats = crossentropy(y_true, y_pred)
                 ids = tf.cast(tf.reshape(y_true, tf.shape(nats)), tf.int32)
@@ -72,6 +79,7 @@ def metric_classes() -> dict:
                 return tf.group(self.nats.assign_add(tf.reduce_sum(nats)),
                                 self.bytes.assign_add(tf.reduce_sum(sizes)))
 
+            @plain
             def result(self):
                 bits = self.nats / math.log(2.0)
                 return tf.where(self.bytes > 0, bits / tf.maximum(self.bytes, 1e-30),

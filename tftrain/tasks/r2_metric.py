@@ -24,6 +24,8 @@ class R2(keras.metrics.Metric):
 
         self._sums = [add("count"), add("sum"), add("sum_of_squares"), add("squared_errors")]
 
+    # No branch on a tensor: AutoGraph, which Keras applies to these, would only spend CPU.
+    @tf.autograph.experimental.do_not_convert
     def update_state(self, y_true, y_pred, sample_weight=None):
         y_pred = tf.cast(y_pred, self.dtype)
         y_pred = tf.reshape(y_pred, [tf.shape(y_pred)[0], self.size])
@@ -37,6 +39,7 @@ class R2(keras.metrics.Metric):
                    errors.assign_add(tf.reduce_sum(weight * (y_true - y_pred) ** 2, 0))]
         return tf.group(updates)
 
+    @tf.autograph.experimental.do_not_convert
     def result(self):
         count, total, squares, errors = self._sums
         spread = squares - total ** 2 / tf.maximum(count, 1.0)
