@@ -207,3 +207,21 @@ def test_plain_tf_keras_loads_the_export_without_tftrain(run, text_lm_run, tmp_p
     assert ("tf_keras.src.layers.attention.multi_head_attention.MultiHeadAttention" in classes
             and all(name.startswith("tf_keras.src.layers.") or name.startswith(
                 "tf_keras.src.engine.") for name in classes)), classes
+
+
+def test_a_model_from_elsewhere_keeps_tf_keras_multi_head_attention(tmp_path):
+    """Only a SavedModel tftrain wrote gets its MatMul attention back: a user's model of
+    tf-keras's MultiHeadAttention loads as that layer, which TFMOT can prune."""
+    from tftrain.models import attention
+    from tftrain.optimize.tfmot_lib import prune_registry
+
+    inputs = keras.Input((6, 8))
+    outputs = keras.layers.MultiHeadAttention(2, 4, name="attention")(inputs, inputs)
+    model = keras.Model(inputs, outputs)
+    model.save(str(tmp_path / "theirs"), save_format="tf")
+    export.save_saved_model(model, str(tmp_path / "ours"))  # tftrain's save: its marker
+    theirs = export.load_keras_model(str(tmp_path / "theirs")).get_layer("attention")
+    ours = export.load_keras_model(str(tmp_path / "ours")).get_layer("attention")
+    assert type(theirs) is keras.layers.MultiHeadAttention
+    assert prune_registry.PruneRegistry.supports(theirs)
+    assert type(ours) is attention.attention_class()

@@ -146,10 +146,13 @@ def needs_traces(model) -> bool:
 
 
 def load_keras_model(path: str, compile: bool = False):
-    """tf-keras's `load_model` of the SavedModel (or file) at `path`, with tftrain's layers in
-    place of the tf-keras classes they are saved as (`models.attention.saved_classes`)."""
+    """tf-keras's `load_model` of the SavedModel (or file) at `path`. A SavedModel tftrain wrote
+    (its marker) gets tftrain's layers back in place of the tf-keras classes they are saved as
+    (`models.attention.saved_classes`); a model from elsewhere loads as tf-keras builds it (its
+    `MultiHeadAttention` stays tf-keras's own, which TFMOT knows how to prune)."""
+    ours = tf.io.gfile.isdir(path) and ownership.MARKER in ownership.listing(path)
     return keras.models.load_model(path, compile=compile,
-                                   custom_objects=attention.saved_classes())
+                                   custom_objects=attention.saved_classes() if ours else None)
 
 
 def versions(export_dir: str) -> list[int]:
