@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,16 +79,28 @@ def _override(size: str, base: str | None = None) -> list[str]:
     return [f"--params_override={','.join(parts)}"] if parts else []
 
 
-def lm_1b_data(work: str) -> None:
-    """Converts lm_1b's data into `work`/data/lm_1b (its header's command) unless it is there."""
+def open_workdir(work: str) -> None:
+    """Prints the CPU, and converts lm_1b's data into `work`/data/lm_1b (its header's command)
+    unless it is there: the start of each bench on lm_1b's data."""
+    os.makedirs(work, exist_ok=True)
+    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores", flush=True)
     if not os.path.exists(os.path.join(work, "data/lm_1b/dataset.json")):
         run_measured([TFTRAIN, *CONVERT], cwd=work)
 
 
+def remove_output(path: str, within: str) -> None:
+    """Removes `path` (a run, or a folder of one) when tftrain wrote it: never through a link,
+    never out of `within`; a folder of that name from elsewhere stops the bench."""
+    from tftrain import run_dir  # imports TensorFlow: not for --help
+    from tftrain.fileio import remove
+
+    run_dir.check_replaceable(path)
+    remove(path, within=within)
+
+
 def measure(size: str, work: str) -> dict:
-    """Plans and runs one size in `work` (the data converted there on the first size)."""
-    shutil.rmtree(os.path.join(work, "runs"), ignore_errors=True)
-    lm_1b_data(work)
+    """Plans and runs one size in `work`, whose data `open_workdir` converted."""
+    remove_output(os.path.join(work, "runs/lm_1b"), work)
     plan_path = os.path.join(work, f"plan-{size}.json")
     check_s, _ = run_measured([TFTRAIN, *CHECK, f"--json={plan_path}", *_override(size)],
                               cwd=work, ok_codes=(0, 1))
@@ -155,8 +166,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="1b,300m")
     parser.add_argument("--workdir", default="/tmp/tftrain-bench-big-model")
     args = parser.parse_args()
-    os.makedirs(args.workdir, exist_ok=True)
-    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores", flush=True)
+    open_workdir(args.workdir)
     rows, after = [], []
     for size in args.sizes.split(","):
         print(f"  {size} ...", flush=True)

@@ -22,16 +22,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.big_data import TFTRAIN, run_measured  # noqa: E402
-from bench.big_model import SIZES, lm_1b_data  # noqa: E402
+from bench.big_model import SIZES, open_workdir, remove_output  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
-from tftrain.host import cpu_name  # noqa: E402
 
 GIB = 1 << 30
 MODES = {"none": "train.backup_every_steps=0",
@@ -42,14 +40,14 @@ MODES = {"none": "train.backup_every_steps=0",
 def run(size: str, mode: str, steps: int, work: str) -> dict:
     """One run of `size` backing up as `mode` says; its summary.json and peak memory."""
     run_dir = os.path.join(work, "runs", f"{size}-{mode}")
-    shutil.rmtree(run_dir, ignore_errors=True)
+    remove_output(run_dir, work)
     overrides = ",".join(p for p in (f"train.steps={steps}", "train.validation_steps=1",
                                      "train.test_steps=1", MODES[mode], SIZES[size]) if p)
     _, peak_mb = run_measured([TFTRAIN, "train", "--config=lm_1b", f"--model_dir={run_dir}",
                                f"--params_override={overrides}"], cwd=work)
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
-    shutil.rmtree(run_dir, ignore_errors=True)  # the next run needs the disk
+    remove_output(run_dir, work)  # the next run needs the disk
     return {"summary": summary, "peak": peak_mb * (1 << 20)}
 
 
@@ -73,9 +71,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--workdir", default="/tmp/tftrain-bench-checkpoint")
     args = parser.parse_args()
-    os.makedirs(args.workdir, exist_ok=True)
-    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores", flush=True)
-    lm_1b_data(args.workdir)
+    open_workdir(args.workdir)
     rows = []
     for size in args.sizes.split(","):
         results = {}

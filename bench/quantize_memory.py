@@ -30,11 +30,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.big_data import TFTRAIN, run_measured_result  # noqa: E402
-from bench.big_model import lm_1b_data  # noqa: E402
+from bench.big_model import open_workdir, remove_output  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
-from tftrain import run_dir  # noqa: E402
-from tftrain.fileio import remove  # noqa: E402
-from tftrain.host import cpu_name  # noqa: E402
 
 MIB = 1 << 20
 BLOCKS = "width: 2048, num_heads: 16, mlp_width: 8192, remat: true"
@@ -55,27 +52,22 @@ def train(work: str, layers: int) -> str:
     return run
 
 
-def _drop_quantized(run: str) -> None:
-    """Removes the run's quantized/ when tftrain wrote it (never through a link, never out of
-    the run; a folder of that name from elsewhere stops the bench)."""
-    path = os.path.join(run, run_dir.QUANTIZED)
-    run_dir.check_replaceable(path)
-    remove(path, within=run)
-
-
 def quantize(work: str, run: str, mode: str, reference: str) -> dict:
     """One measured `tftrain quantize --mode=mode --steps=1` of `run` against `reference`."""
+    from tftrain import run_dir  # imports TensorFlow: not for --help
+
     with open(os.path.join(work, run, "summary.json")) as f:
         weights = json.load(f)["parameters"]
     arguments = ["quantize", f"--model_dir={run}", f"--mode={mode}", "--steps=1",
                  "--max_metric_change=100"]
     command = ([TFTRAIN, *arguments] if reference == "tflite"
                else [sys.executable, "-c", LOWERED, str(3 * weights), *arguments])
-    _drop_quantized(os.path.join(work, run))
+    quantized = os.path.join(work, run, run_dir.QUANTIZED)
+    remove_output(quantized, os.path.join(work, run))
     result = run_measured_result(command, cwd=work, ok_codes=(0, 1))
-    with open(os.path.join(work, run, "quantized", f"report_{mode}.json")) as f:
+    with open(os.path.join(quantized, f"report_{mode}.json")) as f:
         report = json.load(f)
-    _drop_quantized(os.path.join(work, run))  # its .tflite files: gigabytes of disk
+    remove_output(quantized, os.path.join(work, run))  # its .tflite files: gigabytes of disk
     assert report["reference"] == reference, report["reference"]
     return {"run": run, "weights": weights, "mode": mode, "reference": reference,
             "peak_mib": result["peak_mb"], "seconds": result["seconds"],
@@ -104,9 +96,7 @@ def main() -> None:
     parser.add_argument("--references", default="keras,tflite")
     parser.add_argument("--workdir", default="/tmp/tftrain-bench-quantize")
     args = parser.parse_args()
-    os.makedirs(args.workdir, exist_ok=True)
-    print(f"CPU: {cpu_name()}, {os.cpu_count()} cores", flush=True)
-    lm_1b_data(args.workdir)
+    open_workdir(args.workdir)
     results = []
     for layers in [int(n) for n in args.layers.split(",")]:
         run = train(args.workdir, layers)
