@@ -26,5 +26,6 @@ MODULES = [
     # what curves.png is drawn with at the end of every train (0.4 s of CPU to import)
     "matplotlib.backends.backend_agg", "matplotlib.figure", "matplotlib.ticker",
 ]
-for _name in MODULES:
-    importlib.import_module(_name)
+with quiet_start.long_lived_imports():
+    for _name in MODULES:
+        importlib.import_module(_name)

@@ -7,4 +7,5 @@ from tftrain import quiet_start
 
 quiet_start.import_tensorflow(list_devices=False)
 
-from tftrain.data import shard_worker  # noqa: E402,F401  (after TensorFlow, as the worker needs)
+with quiet_start.long_lived_imports():
+    from tftrain.data import shard_worker  # noqa: F401  (after TensorFlow, as the worker needs)
