@@ -628,6 +628,9 @@ def main(argv: list[str]) -> None:
     import tftrain  # noqa: F401  (tf-keras before TensorFlow)
 
     bases = build_bases(work)
+    from tests.conftest import fewer_collections
+
+    fewer_collections()
     say({"event": "ready"})
     sentinel = os.path.join(work, "sentinel")
     for index in range(first, first + count):
