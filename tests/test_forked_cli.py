@@ -55,7 +55,7 @@ def test_a_timed_out_child_is_killed(tmp_path):
 
 
 PRELOAD_PROBE = """
-import json, sys
+import gc, json, sys
 import tftrain.cli.preload
 from tensorflow.python.eager import context
 print(json.dumps({
@@ -64,6 +64,7 @@ print(json.dumps({
                               and m != "tftrain.cli.preload"),
     "tensorflow": "tensorflow" in sys.modules, "engine": "tftrain.engine.train" in sys.modules,
     "tfmot": "tensorflow_model_optimization" in sys.modules, "keras_3": "keras" in sys.modules,
+    "collector": [gc.isenabled(), gc.get_freeze_count() > 300_000, len(gc.get_objects()) < 1000],
 }))
 """
 
@@ -71,13 +72,14 @@ print(json.dumps({
 def test_the_server_imports_tensorflow_and_the_engine_but_runs_nothing_and_defines_no_flags():
     """Forking is safe only while no TensorFlow runtime exists; a command module preloaded would
     define its flags in every child (`tftrain convert --task_index=1` accepted). TFMOT is
-    imported without Keras 3, which it would load only to fail (`tftrain.optimize.tfmot_lib`)."""
+    imported without Keras 3, which it would load only to fail (`tftrain.optimize.tfmot_lib`).
+    What it imported is frozen out of the garbage collector's walks, which stays on."""
     done = subprocess.run([sys.executable, "-c", PRELOAD_PROBE], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1]) == {
         "runtime_started": False, "command_modules": [], "tensorflow": True, "engine": True,
-        "tfmot": True, "keras_3": False}
+        "tfmot": True, "keras_3": False, "collector": [True, True, True]}
 
 
 def test_a_child_knows_only_its_own_commands_flags(tmp_path):
