@@ -266,7 +266,9 @@ def test_two_srun_tasks_train_one_model(tmp_path):
     assert len(results[0]) == 1 and results[0] == results[1]
     assert [line for line in workers[1].lines if "converting its embedded data with pipeline" in line] == []
     assert list(tmp_path.glob("run/export/*/saved_model.pb"))
-    assert os.listdir(worker_tmp) == []  # worker 1's temporary saves were removed
+    # worker 1's temporary saves were removed (Python's __pycache__ of the modules AutoGraph
+    # generates in TMPDIR is not tftrain's: it is there whenever bytecode is written)
+    assert [name for name in os.listdir(worker_tmp) if name != "__pycache__"] == []
     chief, other = np.load(weights / "worker-0.npz"), np.load(weights / "worker-1.npz")
     assert len(chief.files) == len(other.files) > 0
     for name in chief.files:
