@@ -599,13 +599,27 @@ CASES = {"manifest": dataset_case, "shard": dataset_case, "yaml": config_case,
          "csv": rows_case, "jsonl": rows_case, "content": content_case}
 
 
-def run_case(index: int, seed: int, bases: dict, work: str, sentinel: str) -> None:
+def run_case(index: int, seed: int, bases: dict, work: str, sentinel: str,
+             configs_run: dict) -> None:
     """Builds case `index` from (seed, index), runs its commands, says what happened. A command
-    that exits 0 has its result checked by the case's own check (None: nothing to check)."""
+    that exits 0 has its result checked by the case's own check (None: nothing to check).
+
+    A config case whose file has the bytes of one already run in this driver (`configs_run`: its
+    sha256 -> (case, results); e.g. every `cr` or `empty` mutation of the same config) says
+    that case's results instead of checking the same input again."""
     rng = random.Random(f"{seed}:{index}")
     kind = KINDS[rng.randrange(len(KINDS))]
     case_dir = tempfile.mkdtemp(prefix=f"case{index}-", dir=work)
     what, commands = CASES[kind](rng, index, kind, bases, case_dir, sentinel)
+    config = os.path.join(case_dir, "c.yaml") if kind == "yaml" else None
+    digest = config and hashlib.sha256(open(config, "rb").read()).hexdigest()
+    if digest in configs_run:
+        earlier, results = configs_run[digest]
+        say({"case": index, "event": "start", "kind": kind,
+             "what": f"{what} (the bytes of case {earlier}: its results)"})
+        say({"case": index, "event": "end", "results": results})
+        shutil.rmtree(case_dir, ignore_errors=True)
+        return
     say({"case": index, "event": "start", "kind": kind, "what": what})
     results = []
     for command, check in commands:
@@ -619,6 +633,8 @@ def run_case(index: int, seed: int, bases: dict, work: str, sentinel: str) -> No
         results.append({"command": command[0], "code": code, "stderr": stderr[-20000:],
                         "stdout": stdout[-2000:], "problem": problem})
     say({"case": index, "event": "end", "results": results})
+    if digest:
+        configs_run[digest] = index, results
     shutil.rmtree(case_dir, ignore_errors=True)  # its links are unlinked, never followed
 
 
@@ -633,8 +649,9 @@ def main(argv: list[str]) -> None:
     fewer_collections()
     say({"event": "ready"})
     sentinel = os.path.join(work, "sentinel")
+    configs_run = {}
     for index in range(first, first + count):
-        run_case(index, seed, bases, work, sentinel)
+        run_case(index, seed, bases, work, sentinel, configs_run)
 
 
 if __name__ == "__main__":
