@@ -23,7 +23,7 @@ def pytest_configure(config):
     os.environ.setdefault("TFTRAIN_CACHE_DIR", os.path.join(
         config.rootpath, ".pytest_cache", "tftrain"))
     # One thread per op in each test process and every command it starts: the suite runs
-    # three processes on two cores, and TensorFlow's default (an intra-op pool as big as the
+    # several processes on two cores, and TensorFlow's default (an intra-op pool as big as the
     # machine in each) spends CPU spinning in pools that wait for a core.
     os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
 
