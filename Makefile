@@ -11,9 +11,9 @@ STAMP := $(VENV)/.installed-stamp
 install: $(STAMP)
 
 # Python writes a module's bytecode when a process first imports it (also where the shell sets
-# PYTHONDONTWRITEBYTECODE): of the ~14,000 modules installed, the commands and tests import about
-# a third. Compiling all of them at install took ~23 s of CPU on a 2-core VM; the import below
-# compiles what every command imports (~8 s), once, before parallel test processes would each.
+# PYTHONDONTWRITEBYTECODE): a command imports ~3,400 of the ~14,000 modules installed. Compiling
+# all of them at install took ~23 s of CPU on a 2-core VM; the import below compiles what every
+# command imports (~8 s), once, before parallel test processes would each.
 unexport PYTHONDONTWRITEBYTECODE
 
 # uv installs what pip would (the same resolution of pyproject.toml), in a fraction of pip's CPU;

@@ -611,8 +611,10 @@ def run_case(index: int, seed: int, bases: dict, work: str, sentinel: str,
     kind = KINDS[rng.randrange(len(KINDS))]
     case_dir = tempfile.mkdtemp(prefix=f"case{index}-", dir=work)
     what, commands = CASES[kind](rng, index, kind, bases, case_dir, sentinel)
-    config = os.path.join(case_dir, "c.yaml") if kind == "yaml" else None
-    digest = config and hashlib.sha256(open(config, "rb").read()).hexdigest()
+    digest = None
+    if kind == "yaml":
+        with open(os.path.join(case_dir, "c.yaml"), "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
     if digest in configs_run:
         earlier, results = configs_run[digest]
         say({"case": index, "event": "start", "kind": kind,

@@ -150,7 +150,7 @@ def load_keras_model(path: str, compile: bool = False):
     (its marker) gets tftrain's layers back in place of the tf-keras classes they are saved as
     (`models.attention.saved_classes`); a model from elsewhere loads as tf-keras builds it (its
     `MultiHeadAttention` stays tf-keras's own, which TFMOT knows how to prune)."""
-    ours = tf.io.gfile.isdir(path) and ownership.MARKER in ownership.listing(path)
+    ours = tf.io.gfile.exists(join(path, ownership.MARKER))
     return keras.models.load_model(path, compile=compile,
                                    custom_objects=attention.saved_classes() if ours else None)
 
