@@ -168,7 +168,8 @@ class RuntimeConfig:
     # schedules run 1. `microbatches` must be a multiple of `pipeline_stages` then
     virtual_stages: int = 1
     # Data-parallel copies of the whole pipeline on this host (S x R devices: stage s of replica
-    # r on device r*S + s), each stage's gradients averaged over its R copies every step
+    # r on device r*S + s), each stage's gradients averaged over its R copies every step (and
+    # over the workers' copies on a multi-worker run: R x workers copies in all)
     pipeline_replicas: int = 1
     stage_rules: str = ""
     tpu_timeout: int = 60  # seconds to connect to and initialize the TPU before giving up
@@ -463,7 +464,8 @@ KEY_DOCS = {
     "runtime.pipeline_replicas": "`runtime.strategy=pipeline`: data-parallel copies of the "
                                  "whole pipeline on this host (`pipeline_stages` x "
                                  "`pipeline_replicas` devices), each on its share of the "
-                                 "batch, every stage's gradients averaged over its copies.",
+                                 "batch, every stage's gradients averaged over its copies (on "
+                                 "W workers, each runs R: R x W copies in all).",
     "runtime.stage_rules": "`runtime.strategy=pipeline`: the layers after which to cut, "
                            "comma-separated; empty: balanced by parameter bytes.",
     "runtime.tpu_timeout": "Seconds to connect to and initialize the TPU before giving up.",

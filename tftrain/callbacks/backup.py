@@ -86,6 +86,9 @@ class Backup(keras.callbacks.BackupAndRestore):
         self.back_up_at_start = False  # a backup before the first step (a rollback point)
         self.trackables = {}  # name -> trackable saved with every backup (e.g. random generators)
         self.write_async = write_async
+        # False: this worker restores the chief's backup but never writes one (a multi-worker
+        # pipeline's other workers, whose saves would only repeat the chief's into its files)
+        self.writes = True
         self.stats = BackupStats(write_async)
         self._writer = None  # the background writer's CheckpointManager (`_background_writer`)
         self._next_number = 1
@@ -160,6 +163,9 @@ class Backup(keras.callbacks.BackupAndRestore):
     def back_up_now(self) -> None:
         """Writes the backup of the current state (epoch and last finished step), with the
         callbacks' state, unless one of `checks` refuses it."""
+        if not self.writes:
+            self._steps_since_backup = 0
+            return
         for check in self.checks:
             if check() is False:
                 return

@@ -250,9 +250,9 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
          pipeline_options: dict | None = None, info: dict | None = None,
          service_address: str = "", service_mode: str = "parallel_epochs",
          deterministic: bool | None = None, last_stage: str = "decode",
-         start_batch: int = 0, autotune: bool = True,
-         trusted_pipeline: str | None = None,
-         shard_sets: Sequence[tuple[int, Sequence[str]]] = ()) -> tf.data.Dataset:
+         start_batch: int = 0, autotune: bool = True, trusted_pipeline: str | None = None,
+         shard_sets: Sequence[tuple[int, Sequence[str]]] = (),
+         worker_slice: WorkerSlice | None = None) -> tf.data.Dataset:
     """Returns a batched dataset of `(inputs, label)` read from `data_dir`'s `split`.
 
     `batch_size` is the size of the batches this pipeline yields. Under a strategy, use
@@ -263,15 +263,15 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     pass p shuffles the shard files and then the examples with a seed mixed from (`seed`, p)
     (`tftrain.data.order`), files read in parallel, so the order is a function of the seed alone
     (not of TF's global seed, with `repeat`): every iterator, every worker and every restart
-    sees the same batches. With `repeat`, the passes
-    follow one another forever and `start_batch` (how many batches of this pipeline were
-    consumed before a resume) starts the stream right after them: the skipped records of the
-    current pass are read but not parsed, the earlier passes not read at all. `shard_sets`
+    sees the same batches. With `repeat`, the passes follow one another forever and
+    `start_batch` (how many batches of this pipeline were consumed before a resume) starts the
+    stream right after them: the skipped records of the current pass are read but not parsed,
+    the earlier passes not read at all. `shard_sets`
     (with `repeat`; `(from_batch, shard file names)`, the first from 0) reads each set of the
     split's shards from the first pass boundary at or after its `from_batch` on: a run resumed
     after `tftrain convert --append` (`tftrain.data.passes`) finishes its pass on the shards it
-    had and reads the new ones from the next. Without `repeat`,
-    training yields one pass, reshuffled each time it is iterated. `deterministic=False` lets
+    had and reads the new ones from the next. Without `repeat`, training yields one pass,
+    reshuffled each time it is iterated. `deterministic=False` lets
     the parallel reads and maps hand over elements out of order (the order is then not exact).
     Examples are batched first and then parsed and decoded a batch at a time; only the
     features that the decoded `(inputs, label)` depend on are parsed (`batch_decoder`).
@@ -286,16 +286,15 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     Foreign TFRecords: when `data_dir` has no dataset.json and `pipeline` (a pipeline name) is
     given, `data_dir` is a file pattern (see `foreign_files`), the schema is
     `pipeline.features(info)`, and `info` stands in for the manifest's metadata. The pipeline is
-    built with `pipeline_options` (e.g. {"image_size": 64}).
-
-    The pipeline a dataset.json names is imported only when it is built in or is
-    `trusted_pipeline` (the user's `data.pipeline`): a dataset does not choose the code that runs.
+    built with `pipeline_options` (e.g. {"image_size": 64}). The pipeline a dataset.json names
+    is imported only when it is built in or is `trusted_pipeline` (the user's `data.pipeline`):
+    a dataset does not choose the code that runs.
 
     tf.data service: with `service_address` (a dispatcher's host:port) the whole pipeline runs
-    on the service's workers in `service_mode` (see `tftrain.data.service`).
-
-    `last_stage` (one of STAGES) truncates the pipeline: "read" yields batches of serialized
+    on the service's workers in `service_mode` (see `tftrain.data.service`). `last_stage` (one of STAGES) truncates the pipeline: "read" yields batches of serialized
     records, "parse" their parsed features, "decode" (the default) `(inputs, label)`.
+    `worker_slice`: one worker's part of each batch (taken before parsing; a pipeline run's
+    workers read the same batches, each trains on its part).
     """
     options = ReadOptions(
         training=training, shuffle_buffer=shuffle_buffer, cache=cache,
@@ -318,10 +317,32 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     examples = _examples(options, shares, parse_and_decode, batch_size)
     dataset = examples.batch(batch_size, drop_remainder=options.drop_remainder)
     dataset = _with_known_size(dataset, options, source, input_context, batch_size)
+    dataset = dataset.map(worker_slice.of) if worker_slice else dataset
     if cache != "decoded":
         dataset = dataset.map(parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE,
                               deterministic=options.deterministic)
     return _finished(dataset, options, input_context)
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSlice:
+    """Worker `index` of `count`'s part of batches made of `groups` equal groups (accumulated
+    gradients' batches): in each group, the `index`-th of `count` equal consecutive parts."""
+
+    index: int
+    count: int
+    groups: int = 1
+
+    def of(self, batch):
+        """This worker's part of every tensor of `batch` (batch-major, any structure)."""
+        def part(tensor):
+            grouped = tf.reshape(tensor, tf.concat([[self.groups, self.count, -1],
+                                                    tf.shape(tensor)[1:]], axis=0))
+            mine = tf.reshape(grouped[:, self.index], tf.concat([[-1], tf.shape(tensor)[1:]], 0))
+            size = tensor.shape[0]
+            mine.set_shape([size // self.count if size is not None else None, *tensor.shape[1:]])
+            return mine
+        return tf.nest.map_structure(part, batch)
 
 
 @dataclasses.dataclass(frozen=True)

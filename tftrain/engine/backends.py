@@ -42,6 +42,9 @@ class Backend(Protocol):
     num_replicas: int
     num_workers: int
     chief: bool  # multi-worker: only the chief writes the run's files
+    # False: a worker whose saves would only repeat the chief's: it writes no backup, no best
+    # checkpoint and no TensorBoard logs (and `export_dir` gives it None)
+    backs_up: bool
     device_type: str  # "CPU", "GPU" or "TPU": where the replicas compute
     num_devices: int  # the devices the model computes on (replicas, a mesh, pipeline stages)
     random_state: object  # train.deterministic: what the backup saves beside the model, or None
@@ -69,8 +72,8 @@ class Backend(Protocol):
     def trained_model(self, model, trainer, task):
         """The compiled model to evaluate once training is over."""
 
-    def export_dir(self, path: str) -> str:
-        """Where this process writes the export meant for `path`."""
+    def export_dir(self, path: str) -> str | None:
+        """Where this process writes the export meant for `path` (None: it takes no part)."""
 
     def summary(self, trainer) -> dict:
         """The backend's part of `summary.json`."""
@@ -178,6 +181,7 @@ class StrategyBackend:
         self.num_replicas = self.strategy.num_replicas_in_sync
         self.num_workers = cluster.num_workers() if strategy is None else 1
         self.chief = cluster.is_chief(self.strategy)  # multi-worker: only the chief writes
+        self.backs_up = True  # MultiWorkerMirrored: the others take part in the chief's save
         self.device_type = _device_type(self.strategy)
         self.num_devices = self.num_replicas
         self.random_state = None  # train.deterministic: the random layers' generators
@@ -259,6 +263,7 @@ class DTensorBackend:
         self.num_replicas = self.dims[dtensor_layouts.BATCH]
         self.num_workers = 1
         self.chief = True
+        self.backs_up = True
         self.device_type = self.mesh.device_type()
         self.num_devices = dtensor_layouts.mesh_size(self.dims)
         self.random_state = None

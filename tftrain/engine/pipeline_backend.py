@@ -19,8 +19,11 @@ from absl import logging
 
 from tftrain import config as config_lib
 from tftrain import tasks
+from tftrain.data import reader
 from tftrain.engine import backends, determinism, run_memory
+from tftrain.errors import ConfigError
 from tftrain.runtime import pipeline_model, pipeline_schedule, pipeline_stages
+from tftrain.runtime import pipeline_workers
 from tftrain.training import optimizers
 
 
@@ -33,14 +36,38 @@ class PipelineBackend(backends.StrategyBackend):
         pipeline_schedule.check(runtime.pipeline_schedule, runtime.pipeline_stages,
                                 runtime.microbatches, runtime.virtual_stages)
         self.devices = pipeline_stages.devices(config.runtime)
+        self.workers = pipeline_workers.start(config.runtime)  # None on one machine
         super().__init__(config, tf.distribute.get_strategy(), jit_compile=False)
         self.name = "pipeline"
-        self.num_replicas = config.runtime.pipeline_replicas  # data-parallel copies
+        self.num_workers = self.workers.count if self.workers else 1
+        self.chief = self.workers is None or self.workers.chief
+        self.backs_up = self.chief  # the others' variables are theirs alone, equal to the chief's
+        self.num_replicas = config.runtime.pipeline_replicas * self.num_workers  # data-parallel
+        _check_split_over_workers(config, self.num_workers)
         self.device_type = "GPU" if "GPU" in self.devices[0] else "CPU"
-        self.num_devices = len(self.devices)
+        self.num_devices = len(self.devices) * self.num_workers
         self._stages: list = []
         self._plan: list = []
         self._rules = config.runtime.stage_rules
+
+    def training_data(self, config: config_lib.Config, start_step: int = 0, **changes):
+        """The endless training stream from `start_step` on; on W workers, this worker's 1/W of
+        every batch (of every accumulated group's batch), sliced before it is parsed: the
+        workers read the same stream of whole batches, so together they train on exactly the
+        batches one process would."""
+        if self.workers is None:
+            return super().training_data(config, start_step, **changes)
+        groups = config.train.grad_accum_steps
+        return reader.load(config.data.dir, config.data.train_split,
+                           config.data.batch_size * groups, start_batch=start_step,
+                           worker_slice=reader.WorkerSlice(self.workers.index, self.workers.count,
+                                                           groups),
+                           **{**backends.training_input_kwargs(config), **changes})
+
+    def export_dir(self, path: str) -> str | None:
+        """The chief exports to `path`; another worker not at all (its weights are the chief's,
+        and no collective needs it)."""
+        return path if self.chief else None
 
     def build(self, config: config_lib.Config, manifest: dict, plan):
         """`(model, trainer)`: the ordinary model (on the host) and the stages built from it on
@@ -62,8 +89,9 @@ class PipelineBackend(backends.StrategyBackend):
                          stage.layers[0], stage.layers[-1], f"{stage.parameters:,}")
         trainer = pipeline_model.PipelineModel(
             self._stages, devices, runtime.microbatches, config.train.grad_accum_steps,
-            runtime.pipeline_schedule, replicas=self.num_replicas,
-            virtual_stages=runtime.virtual_stages, name=f"{model.name}_pipeline")
+            runtime.pipeline_schedule, replicas=runtime.pipeline_replicas,
+            virtual_stages=runtime.virtual_stages, workers=self.workers,
+            name=f"{model.name}_pipeline")
         trainer.compile(optimizer=optimizers.make_optimizer(config.train, plan.schedule_epoch_steps,
                                                             plan.total_steps),
                         loss=task.loss(), metrics=task.metrics(), jit_compile=False,
@@ -72,6 +100,7 @@ class PipelineBackend(backends.StrategyBackend):
         trainer(tf.nest.map_structure(lambda t: tf.zeros([1, *t.shape[1:]], t.dtype), model.input))
         if config.train.deterministic:
             self.random_state = determinism.random_generators(trainer)
+        trainer.synchronize()  # every worker starts from the chief's weights
         return model, trainer
 
     def trained_model(self, model: keras.Model, trainer: keras.Model, task) -> keras.Model:
@@ -104,7 +133,8 @@ class PipelineBackend(backends.StrategyBackend):
         microbatches, kind = trainer.microbatches, trainer.schedule
         actions = pipeline_schedule.schedule(kind, count, microbatches, virtual)
         replicas = [list(dict.fromkeys(trainer.replica(r)[1])) for r in range(trainer.replicas)]
-        return {"strategy": "pipeline", "num_replicas": trainer.replicas, "num_workers": 1,
+        return {"strategy": "pipeline", "num_replicas": self.num_replicas,
+                "num_workers": self.num_workers,
                 "jit_compile": False,
                 "pipeline": {"stages": stages, "replicas": trainer.replicas,
                              "replica_devices": replicas, "virtual_stages": virtual,
@@ -114,6 +144,17 @@ class PipelineBackend(backends.StrategyBackend):
                              "max_in_flight": pipeline_schedule.max_in_flight(actions, count),
                              "balanced_by": "stage_rules" if self._rules else
                              "parameter bytes"}}
+
+
+def _check_split_over_workers(config: config_lib.Config, workers: int) -> None:
+    """On W > 1 workers the batch must split into W x R x M equal micro-batches."""
+    runtime = config.runtime
+    parts = workers * runtime.pipeline_replicas * runtime.microbatches
+    if workers > 1 and config.data.batch_size % parts:
+        raise ConfigError(
+            f"data.batch_size={config.data.batch_size} must split over {workers} workers x "
+            f"runtime.pipeline_replicas={runtime.pipeline_replicas} x runtime.microbatches="
+            f"{runtime.microbatches} = {parts} equal micro-batches: make it a multiple of {parts}")
 
 
 def _chunk_optimizer_bytes(slots, chunk) -> int:

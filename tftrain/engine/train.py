@@ -71,8 +71,8 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     # 2-3. The run, built as `doctor` and `check` build it: the task (from the dataset's
     #    labels unless task.type says), seeds and precision, the dataset (converted the first
     #    time it is needed), the step plan, and the model compiled inside the backend.
-    #    params.yaml records the resolved config; the chief locks the run directory.
-    #    A resumed run keeps the plan it started with (its dataset may have grown since).
+    #    params.yaml records the resolved config; the chief locks the run directory. A resumed
+    #    run keeps the plan it started with (its dataset may have grown since).
     backup_dir = join(model_dir, run_dir.BACKUP)
     shards = passes.recorded(backup_dir) if backup_lib.backed_up(backup_dir) else None
     run_ = prepare(config, backend, convert_data=convert_data,
@@ -80,9 +80,9 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
                    train_examples=shards.examples if shards else None)
     config, plan, model, trainer = run_.config, run_.plan, run_.model, run_.trainer
 
-    # 4. Fit, resuming from model_dir/backup/ when an earlier attempt was interrupted: a
-    #    resumed run reads on from the batches the backed-up steps consumed, on the shards it
-    #    had until its pass ends (new shards, appended since, from the next: `data.passes`).
+    # 4. Fit, resuming from model_dir/backup/ after an interrupted attempt: reading on from the
+    #    batches the backed-up steps consumed, on the shards it had until its pass ends (new
+    #    shards, appended since, from the next: `data.passes`).
     backup = make_backup(config.train, backend, backup_dir)
     start_step = backup_lib.steps_done(backup_dir, plan.steps_per_epoch)
     train_data = backend.training_data(config, start_step, shard_sets=passes.for_run(
@@ -90,7 +90,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     timer = StepTimer(run_.examples_per_step)
     usage = Utilization.of(model, backend, run_.policy)  # model FLOPs and the devices' peak
     callbacks = make_callbacks(config.train, model_dir, plan, backup, timer, sigterm,
-                               chief=backend.chief, task=run_.task,
+                               chief=backend.chief, task=run_.task, writes=backend.backs_up,
                                requested=unfreeze.requested_by(model), utilization=usage)
     validation_data = backend.evaluation_data(config, config.data.eval_split, for_fit=True)
     try:
@@ -106,16 +106,16 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         validation = evaluate(trained, backend.evaluation_data(config, config.data.eval_split),
                               config.train.validation_steps)
 
-    # 5. Evaluate on the test split, export, and summarize; the backup goes last. Evaluation
-    #    comes before the export: a DTensor-gathered model evaluated after it was exported
-    #    reports chance accuracy with the right loss (seen on TF 2.21).
+    # 5. Evaluate on the test split, export (MultiWorkerMirrored: every worker, the others into
+    #    temporary directories), summarize; the backup goes last. Evaluation comes before the
+    #    export: a DTensor-gathered model evaluated after it was exported reports chance accuracy.
     test_metrics = evaluate(trained, backend.evaluation_data(config, config.data.test_split),
                             config.train.test_steps)
     cluster.dump_weights(model)  # debug aid: only when TFTRAIN_DUMP_WEIGHTS_DIR is set
-    # Every worker takes part in the save; non-chief workers into a temporary directory.
-    export_dir = backend.export_dir(join(model_dir, run_dir.EXPORT))
-    export(model, export_dir, config.data, run_.manifest)
-    cluster.cleanup(export_dir, join(model_dir, run_dir.EXPORT))
+    export_dir = backend.export_dir(join(model_dir, run_dir.EXPORT))  # None: no part in it
+    if export_dir:
+        export(model, export_dir, config.data, run_.manifest)
+        cluster.cleanup(export_dir, join(model_dir, run_dir.EXPORT))
     rate = timer.examples_per_second() if timer.timed else None
     summary = RunSummary(
         model_dir=model_dir, data_dir=config.data.dir, task=run_.task.resolved(),
@@ -124,12 +124,11 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         epochs=history.epoch[-1] + 1 if history.epoch else (backup.resumed_at or (0,))[0],
         steps=int(trainer.optimizer.iterations.numpy()),
         eval={"split": config.data.test_split, **test_metrics}, validation=validation,
-        evaluation=bounds_of(config.train),
-        mixed_precision=run_.policy, grad_accum_steps=config.train.grad_accum_steps,
+        evaluation=bounds_of(config.train), mixed_precision=run_.policy,
+        grad_accum_steps=config.train.grad_accum_steps,
         resumed_from=list(backup.resumed_at) if backup.resumed_at else None,
         seconds_per_step=timer.seconds_per_step() if timer.timed else None,
-        examples_per_second=rate,
-        utilization=usage.confirmed(rate).summary(rate),
+        examples_per_second=rate, utilization=usage.confirmed(rate).summary(rate),
         rollbacks=divergence.rollbacks_of(callbacks),  # by the guard, train.on_nan=rollback
         restarts=launch.restart_summary(),  # restarts by `tftrain launch --max_restarts`
         backup=backup.stats.summary(),  # count, blocked and writing seconds, bytes
@@ -155,6 +154,7 @@ def make_backup(train_config: config_lib.TrainConfig, backend,
                                write_async=backs_up_in_background(train_config, backend))
     if backend.random_state is not None:
         backup.trackables["random_state"] = backend.random_state
+    backup.writes = backend.backs_up
     return backup
 
 
@@ -240,7 +240,7 @@ def write_hparams(model_dir: str, config: config_lib.Config, summary: dict) -> N
 
 
 def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: StepPlan,
-                   backup, timer, sigterm, chief: bool = True, task=None,
+                   backup, timer, sigterm, chief: bool = True, task=None, writes: bool = True,
                    requested: list = (), utilization=None) -> list:
     """The callbacks of `fit`, in the order they must run at each epoch end.
 
@@ -248,18 +248,19 @@ def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: S
     is written before the backup, so a backed-up epoch always has its checkpoint. `task` says
     which way `train.monitor` improves (default: a classifier's metrics). The state of the
     stateful ones (early stopping, plateau, best value, timer, divergence guard) is saved with
-    each backup and restored on resume (`callbacks.callback_state`).
+    each backup and restored on resume (`callbacks.callback_state`). `writes` False (a worker
+    whose saves would only repeat the chief's): no TensorBoard logs and no best checkpoint.
     """
     mode = (task or tasks.TASKS["classification"]).mode(train_config.monitor)
     callbacks = [
         LearningRateLogger(),
         Curves(model_dir, chief=chief),  # curves.png, with the learning rate: after the logger
-        keras.callbacks.TensorBoard(log_dir=join(model_dir, run_dir.LOGS),
-                                    profile_batch=config_lib.profile_steps(
-                                        train_config.profile_steps) or 0),
-        keras.callbacks.ModelCheckpoint(
-            join(model_dir, run_dir.CHECKPOINTS, "best"), monitor=train_config.monitor, mode=mode,
-            save_best_only=True, save_weights_only=True),
+        *([keras.callbacks.TensorBoard(log_dir=join(model_dir, run_dir.LOGS),
+                                       profile_batch=config_lib.profile_steps(
+                                           train_config.profile_steps) or 0),
+           keras.callbacks.ModelCheckpoint(
+               join(model_dir, run_dir.CHECKPOINTS, "best"), monitor=train_config.monitor,
+               mode=mode, save_best_only=True, save_weights_only=True)] if writes else []),
         timer,
         ProgressLog(plan.total_steps, timer.examples_per_step, train_config.log_every_steps,
                     steps_per_execution=train_config.steps_per_execution,

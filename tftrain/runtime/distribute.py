@@ -52,7 +52,7 @@ def create_strategy(runtime: RuntimeConfig) -> tf.distribute.Strategy:
     strategy = {
         "one_device": _one_device,
         "mirrored": _mirrored,
-        "multi_worker_mirrored": _multi_worker_mirrored,
+        "multi_worker_mirrored": multi_worker_mirrored,
         "tpu": _tpu,
     }[name](runtime)
     logging.info("strategy %s (%s) with %d replica(s)", strategy_name(strategy),
@@ -104,7 +104,9 @@ def _mirrored(runtime):
     return tf.distribute.MirroredStrategy([cpus[0].name])
 
 
-def _multi_worker_mirrored(runtime):
+def multi_worker_mirrored(runtime):
+    """MultiWorkerMirroredStrategy over the cluster this process is in (its collective
+    runtime started: the pipeline backend uses only that)."""
     member = cluster.membership()  # the environment was checked before TensorFlow started
     if not member.source:
         raise ConfigError(

@@ -28,6 +28,15 @@ is one update over the whole batch, as with one replica. On GPUs a NCCL all-redu
 devices of a stage would avoid sending every copy's sums through one device; the explicit sum
 is what runs on either.
 
+`workers` (`runtime.pipeline_workers.Workers`, a run on W > 1 workers): every worker holds the
+same S x R devices' copies and trains on its own 1/W of each batch (the backend reads it); each
+stage's sums, added over its local copies, are then summed over the W workers on the device of
+replica 0's copy (one collective per stage, among the W devices that hold it) and divided by
+W x R x M, so every copy on every worker gets the gradient of the whole batch; the moving
+statistics are averaged over all W x R copies the same way, and the metrics `fit` reports are
+those of the whole batches (their states summed over the workers when read). `synchronize`
+sets every copy to the chief's weights before training.
+
 `train.grad_accum_steps` = k runs k such pipelined groups in a `tf.while_loop` and applies
 once (the input batches `k * data.batch_size`). Under `mixed_float16` the loss is scaled
 before the backward pass and the gradients unscaled before they are applied
@@ -42,7 +51,7 @@ from typing import Any, Callable
 import tensorflow as tf
 import tf_keras as keras
 
-from tftrain.runtime import pipeline_schedule
+from tftrain.runtime import pipeline_schedule, pipeline_workers
 
 
 @dataclasses.dataclass
@@ -83,7 +92,8 @@ class PipelineModel(keras.Model):
     on the device of stage c % S (`devices` names each chunk's)."""
 
     def __init__(self, stages, devices, microbatches: int, groups: int = 1,
-                 schedule: str = "1f1b", replicas: int = 1, virtual_stages: int = 1, **kwargs):
+                 schedule: str = "1f1b", replicas: int = 1, virtual_stages: int = 1,
+                 workers: pipeline_workers.Workers | None = None, **kwargs):
         super().__init__(**kwargs)
         if len(stages) % (replicas * virtual_stages) or len(devices) != len(stages):
             raise ValueError(f"{len(stages)} stages on {len(devices)} devices are not "
@@ -96,6 +106,7 @@ class PipelineModel(keras.Model):
         self.schedule = schedule
         self.replicas = replicas
         self.virtual_stages = virtual_stages
+        self.workers = workers
         pipeline_schedule.check(schedule, self.pipeline_stages, microbatches, virtual_stages)
 
     @property
@@ -206,14 +217,16 @@ class PipelineModel(keras.Model):
 
     def _averaged(self, sums, parts: int) -> list:
         """(gradient, variable) for every copy of every stage: the stage's sums added over its
-        copies on replica 0's device of it and divided by `parts`, then copied to each copy's
-        device, so every copy gets the same gradient."""
+        copies on replica 0's device of it (and over the workers), divided by `parts`, then
+        copied to each copy's device, so every copy gets the same gradient."""
         pairs = []
         for s in range(len(self.stages) // self.replicas):
             copies = self.copies(s)
             with tf.device(copies[0][1]):
-                means = [tf.add_n(list(each)) / parts
-                         for each in zip(*(replica[s] for replica in sums))]
+                means = [tf.add_n(list(each)) for each in zip(*(replica[s] for replica in sums))]
+                if self.workers:
+                    means = self.workers.sum(means, s, "gradients")
+                means = [m / parts for m in means]
             for stage, device in copies:
                 with tf.device(device):
                     pairs += zip([tf.identity(m) for m in means], stage.trainable_variables)
@@ -221,7 +234,7 @@ class PipelineModel(keras.Model):
 
     def train_step(self, data):
         x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
-        parts = self.replicas * self.microbatches * self.groups
+        parts = self.replicas * self.microbatches * self.groups  # of this worker's batch
         size = tf.shape(tf.nest.flatten(x)[0])[0]
         tf.debugging.assert_equal(size % parts, 0, message=(
             f"the batch must split into runtime.pipeline_replicas x runtime.microbatches x "
@@ -246,27 +259,88 @@ class PipelineModel(keras.Model):
                                      [tf.constant(0), *tf.nest.flatten(zeros)],
                                      parallel_iterations=1)
             sums = tf.nest.pack_sequence_as(zeros, flat)
-        grads, variables = zip(*self._averaged(sums, parts))
+        grads, variables = zip(*self._averaged(sums, parts * self.worker_count))
         grads = list(grads)
         if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):
             grads = self.optimizer.get_unscaled_gradients(grads)
         self.optimizer.apply_gradients(zip(grads, variables))
         self._average_statistics()
-        return self.get_metrics_result()
+        return self._metrics_of_all_workers() if self.workers else self.get_metrics_result()
+
+    def _metrics_of_all_workers(self) -> dict:
+        """The metrics' results over every worker's share of the batches so far: each metric's
+        state (sums and counts) summed over the workers, its result read, and this worker's
+        own state put back (it goes on accumulating its share), as MultiWorkerMirrored's
+        metrics sum their replicas' state when read."""
+        variables = [v for metric in self.metrics for v in metric.variables]
+        last = len(self.stages) // self.replicas - 1  # whose group and device carry them
+        with tf.device(self.devices[last]):
+            own = [v.read_value() for v in variables]
+            summed = self.workers.sum(own, last, "metrics")
+        for variable, total in zip(variables, summed):
+            variable.assign(total)
+        results = {name: tf.identity(value) for name, value in self.get_metrics_result().items()}
+        with tf.control_dependencies(list(results.values())):
+            for variable, value in zip(variables, own):
+                variable.assign(value)
+        return results
+
+    def _validate_and_get_metrics_result(self, logs):
+        """The logs `fit` reports at an epoch's end: on W workers, the last step's (the metrics
+        of every worker's share) rather than the metrics read again here (this worker's own)."""
+        if self.workers:
+            return logs
+        return super()._validate_and_get_metrics_result(logs)
+
+    @property
+    def worker_count(self) -> int:
+        """W, the workers training copies of this pipeline (1 on one machine)."""
+        return self.workers.count if self.workers else 1
+
+    def synchronize(self) -> None:
+        """Every copy of every stage, on every worker, set to the chief's replica 0's values
+        (its variables of a type the collectives add: weights, moving statistics, the random
+        layers' generator states). The workers build their models from the same seed; a run
+        must not depend on that."""
+        if not self.workers:
+            return
+
+        @tf.function
+        def synchronized():
+            for s in range(len(self.stages) // self.replicas):
+                copies = self.copies(s)
+                chosen = [i for i, v in enumerate(copies[0][0].variables)
+                          if v.dtype.is_floating or v.dtype in (tf.int32, tf.int64)]
+                with tf.device(copies[0][1]):
+                    mine = [copies[0][0].variables[i].read_value() for i in chosen]
+                    if not self.workers.chief:
+                        mine = [tf.zeros_like(value) for value in mine]
+                    chiefs = self.workers.sum(mine, s, "weights")
+                for stage, device in copies:
+                    with tf.device(device):
+                        for i, value in zip(chosen, chiefs):
+                            stage.variables[i].assign(value)
+
+        synchronized()
 
     def _average_statistics(self) -> None:
         """Each stage's floating non-trainable variables (BatchNormalization's moving
         statistics, which every copy updates from its own slice of the batch) set to their
         mean over the copies, as MirroredStrategy reads them, so the copies stay equal."""
-        if self.replicas == 1:
+        if self.replicas * self.worker_count == 1:
             return
         for s in range(len(self.stages) // self.replicas):
             copies = self.copies(s)
-            for same in zip(*(stage.non_trainable_variables for stage, _ in copies)):
-                if not same[0].dtype.is_floating:
-                    continue
-                with tf.device(copies[0][1]):
-                    mean = tf.add_n([v.read_value() for v in same]) / self.replicas
+            kept = [same for same in zip(*(stage.non_trainable_variables for stage, _ in copies))
+                    if same[0].dtype.is_floating]
+            if not kept:
+                continue
+            with tf.device(copies[0][1]):
+                sums = [tf.add_n([v.read_value() for v in same]) for same in kept]
+                if self.workers:
+                    sums = self.workers.sum(sums, s, "statistics")
+                means = [total / (self.replicas * self.worker_count) for total in sums]
+            for same, mean in zip(kept, means):
                 for variable, (_, device) in zip(same, copies):
                     with tf.device(device):
                         variable.assign(mean)
