@@ -76,14 +76,29 @@ def test_a_signal_to_the_launcher_stops_all_workers(tmp_path, sig):
     assert _wait_gone(run.worker_pids().values())
 
 
-def test_a_killed_launcher_takes_its_workers_along(tmp_path):
+def _parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def _command_line(pid: int) -> bytes:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read()
+
+
+def test_a_killed_launcher_takes_its_workers_and_their_server_along(tmp_path):
     run = _launch(tmp_path, "--num_workers=2", "--", *FOREVER)
     try:
         run.wait_for_line(r"^\[launch\] worker 1: pid", BOUND)
         pids = list(run.worker_pids().values())
+        server = _parent(pids[0])
+        assert _parent(server) == run.process.pid and _parent(pids[1]) == server
+        # The launcher, forked from a server itself, is one already: its server is its fork
+        # (a new interpreter's command line would be `python -c "from multiprocessing...`).
+        assert _command_line(server) == _command_line(run.process.pid)
         os.kill(run.process.pid, signal.SIGKILL)
         run.wait(30)
-        assert _wait_gone(pids)
+        assert _wait_gone([*pids, server])
     finally:
         run.kill_all()
 

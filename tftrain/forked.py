@@ -127,13 +127,73 @@ def _exit_code(code) -> int:
 def start_server(preload: list[str] = PRELOAD) -> bool:
     """Starts the server now (its imports of `preload` run in the background); True when this
     call started it, False when this process already had one (one per process: multiprocessing
-    has a single forkserver, whose preload is that of whoever started it)."""
+    has a single forkserver, whose preload is that of whoever started it).
+
+    A process that is itself what a server is (`preload` imported, one thread, no TensorFlow
+    runtime or GPU started: a command forked from a server, before it runs anything) becomes
+    the server by forking, instead of starting an interpreter that imports it all again."""
     from multiprocessing import forkserver
 
     _context(preload)
-    had_one = forkserver._forkserver._forkserver_pid is not None  # noqa: SLF001
-    forkserver.ensure_running()
+    server = forkserver._forkserver  # noqa: SLF001
+    had_one = server._forkserver_pid is not None
+    if not had_one and _is_like_a_server(preload):
+        _fork_server(server)
+    else:
+        forkserver.ensure_running()
     return not had_one
+
+
+def _is_like_a_server(preload: list[str]) -> bool:
+    """Whether this process could serve as the server of `preload` as it is."""
+    if not all(name in sys.modules for name in preload) or len(os.listdir("/proc/self/task")) > 1:
+        return False
+    import tensorflow as tf
+    from tensorflow.python.eager import context
+
+    started = context.context_safe()
+    return not (started and started._initialized) and not tf.config.list_physical_devices("GPU")
+
+
+def _fork_server(server) -> None:
+    """What `forkserver.ensure_running` does, with a fork of this process as the server (its
+    file descriptors but the server's closed, its signal handlers back at their defaults, as
+    in a new interpreter), so that the server's imports are the ones this process made."""
+    from multiprocessing import connection, forkserver, resource_tracker, util
+    import socket
+
+    resource_tracker.ensure_running()
+    listener = socket.socket(socket.AF_UNIX)
+    address = connection.arbitrary_address("AF_UNIX")
+    listener.bind(address)
+    if not util.is_abstract_socket_namespace(address):
+        os.chmod(address, 0o600)
+    listener.listen()
+    alive_r, alive_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            kept = {0, 1, 2, listener.fileno(), alive_r}
+            for fd in [int(name) for name in os.listdir("/proc/self/fd")]:
+                if fd not in kept:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
+            for number in signal.valid_signals():
+                if callable(signal.getsignal(number)):
+                    signal.signal(number, signal.SIG_DFL)
+            forkserver.main(listener.fileno(), alive_r, [])
+        except SystemExit:  # every client gone: the server's normal end
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(alive_r)
+    listener.close()
+    server._forkserver_address = address
+    server._forkserver_alive_fd = alive_w
+    server._forkserver_pid = pid
 
 
 def stop_server() -> None:
