@@ -37,6 +37,26 @@ def test_outputs_and_gradients_equal_tf_keras_multi_head_attention(causal, lengt
     assert type(ours).from_config(ours.get_config()).get_config() == ours.get_config()
 
 
+@pytest.mark.parametrize("query_length,value_length", [(5, 5), (4, 7), (6, 3)])
+def test_the_causal_mask_is_the_parents_made_from_the_tensors(query_length, value_length):
+    query = tf.random.normal([2, query_length, 8]).numpy()
+    query[0, 1, 0] = np.nan  # a NaN among the values changes no position
+    value = tf.random.normal([2, value_length, 8])
+    stock = keras.layers.MultiHeadAttention(2, 4)
+    ours = attention_class()(2, 4)
+    expected = stock._compute_causal_mask(tf.constant(query), value).numpy()
+    assert expected.shape == (1, query_length, value_length)
+    np.testing.assert_array_equal(ours._compute_causal_mask(tf.constant(query), value), expected)
+    same = ours._compute_causal_mask(tf.constant(query)).numpy()
+    np.testing.assert_array_equal(same, np.tril(np.ones((1, query_length, query_length), bool)))
+
+    # Traced with static shapes, no op of the mask reads a shape (what the runtime would fold)
+    graph = tf.function(ours._compute_causal_mask).get_concrete_function(
+        tf.TensorSpec([2, query_length, 8]), tf.TensorSpec([2, value_length, 8])).graph
+    kinds = {op.type for op in graph.get_operations()}
+    assert not kinds & {"Shape", "Fill"} and "Equal" in kinds, kinds
+
+
 def test_only_plain_contractions_become_matmuls():
     assert _contraction("abc,cde->abde") == 1  # query, key and value projections
     assert _contraction("abcd,cde->abe") == 2  # the output projection
