@@ -4,9 +4,9 @@ overrides: a renamed flag or config key fails here, not in a user's terminal.
 
 These are checked, not run: README's `$` examples, the `make demo` recipe and every shipped
 config's header commands run as written in tests/test_documented_commands.py, the own-data
-guide's in tests/test_own_data_guide.py (on files it generates); running each page's commands
-too (trainings, TPU and GPU hosts, a user's own files) does not fit the suite's budget
-(docs/testing.md).
+guide's in tests/test_own_data_guide.py and the reference pages' conversions in
+tests/test_docs_conversions.py (on files they generate); the rest are listed, with why, in
+docs/testing.md (trainings of many steps, TPU and GPU hosts, a user's LMDB or TFDS download).
 """
 import glob
 import importlib
@@ -102,14 +102,16 @@ def after_the_demo() -> list[str]:
 
 def run_by_tests() -> set[str]:
     """Commands the suite runs as written: config headers, README's examples, the demo recipe
-    and the docs' commands on the demo's run (tests/test_documented_commands.py), and the
-    own-data guide's (tests/test_own_data_guide.py)."""
+    and the docs' commands on the demo's run (tests/test_documented_commands.py), the own-data
+    guide's (tests/test_own_data_guide.py) and the reference pages' conversions
+    (tests/test_docs_conversions.py)."""
     from tests import test_documented_commands as documented
+    from tests.test_docs_conversions import COMMANDS as conversions
     from tests.test_own_data_guide import guide_commands
 
     return ({c for _, c in documented.CONFIG_COMMANDS} | set(documented.demo_commands())
             | {c for c, _ in documented.readme_examples()} | set(after_the_demo())
-            | set(guide_commands()))
+            | set(guide_commands()) | set(conversions))
 
 
 def without_defaults(command: str) -> str:
