@@ -7,7 +7,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tftrain import models
-from tftrain.models.attention import _contraction, attention_class
+from tftrain.models.attention import _contraction, attention_class, staged_attention_class
 
 
 @pytest.mark.parametrize("causal,lengths", [(True, None), (False, [10, 7, 3])])
@@ -38,12 +38,12 @@ def test_outputs_and_gradients_equal_tf_keras_multi_head_attention(causal, lengt
 
 
 @pytest.mark.parametrize("query_length,value_length", [(5, 5), (4, 7), (6, 3)])
-def test_the_causal_mask_is_the_parents_made_from_the_tensors(query_length, value_length):
+def test_a_stages_causal_mask_is_the_parents_made_from_the_tensors(query_length, value_length):
     query = tf.random.normal([2, query_length, 8]).numpy()
     query[0, 1, 0] = np.nan  # a NaN among the values changes no position
     value = tf.random.normal([2, value_length, 8])
     stock = keras.layers.MultiHeadAttention(2, 4)
-    ours = attention_class()(2, 4)
+    ours = staged_attention_class()(2, 4)
     expected = stock._compute_causal_mask(tf.constant(query), value).numpy()
     assert expected.shape == (1, query_length, value_length)
     np.testing.assert_array_equal(ours._compute_causal_mask(tf.constant(query), value), expected)

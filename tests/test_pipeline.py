@@ -200,6 +200,15 @@ def test_variables_slots_and_gradient_ops_live_on_their_stage_device(lm_run):
     assert {op.device.split("/device:")[-1] for op in gradient_ops} <= {"CPU:0", "CPU:1"}
     for index, device in enumerate(DEVICES):
         assert any(op.device.endswith(device[len("/device:"):]) for op in gradient_ops), index
+    # The stages' attention makes its causal mask from the tensors: tf-keras's, from static
+    # shapes (a MatrixBandPart of ones), is folded into a constant per micro-batch and stage.
+    from tftrain.models.attention import staged_attention_class
+
+    attention = [layer for stage in stages for layer in stage.layers if "attention" in
+                 type(layer).__name__.lower()]
+    assert attention and all(isinstance(layer, staged_attention_class()) for layer in attention)
+    kinds = {op.type for op in graph.get_operations()}
+    assert "MatrixBandPart" not in kinds and "Cumsum" in kinds, sorted(kinds)
 
 
 def test_transformer_lm_steps_equal_one_device(lm_run):

@@ -244,34 +244,3 @@ def test_1f1b_trains_as_one_device_and_gpipe_in_a_chained_graph():
     # cool-down), stage 1 F0 B0 F1 B1 F2 B2.
     assert chained_per_stage(graph, pipeline_schedule.schedule("1f1b", 2, 3))
 
-
-def test_what_a_step_leaves_held_does_not_grow_with_the_micro_batches():
-    """TensorFlow's runtime folds a causal mask made from static shapes into constants held for
-    as long as the step's function lives, one per call of the layer: one per micro-batch and
-    stage in a pipelined step (0.5 MiB per micro-batch here, at 256 tokens, before
-    MatmulAttention made its mask at run time). What a step leaves allocated after it (SGD:
-    no optimizer slots) is the same at 2 and at 8 micro-batches of the same size."""
-    import gc
-
-    import numpy as np
-    import tensorflow as tf
-    import tf_keras as keras
-
-    from tests.test_pipeline import pipelined
-    from tftrain import models
-
-    def held_after_a_step(microbatches: int, length: int = 256) -> int:
-        keras.utils.set_random_seed(0)
-        model = models.build_model(
-            "transformer_lm", {"num_layers": 2, "width": 32, "num_heads": 2, "mlp_width": 64},
-            (length,), 50, {"vocab_size": 50, "sequence_length": length})
-        _, _, trainer = pipelined(model, microbatches)
-        ids = np.random.default_rng(0).integers(1, 50, (2 * microbatches, length)).astype("int32")
-        gc.collect()
-        before = tf.config.experimental.get_memory_info(DEVICES[0])["current"]
-        trainer.train_on_batch(ids, ids)
-        gc.collect()
-        return tf.config.experimental.get_memory_info(DEVICES[0])["current"] - before
-
-    few, many = held_after_a_step(2), held_after_a_step(8)
-    assert many - few < 2**19, (few, many)  # before: 1 and 4 MiB

@@ -96,23 +96,6 @@ def attention_class():
             for name in ("_query_dense", "_key_dense", "_value_dense", "_output_dense"):
                 setattr(self, name, projection.from_config(getattr(self, name).get_config()))
 
-        def _compute_causal_mask(self, query, value=None):
-            """The parent's causal mask ([1, T, S], true where s <= t), made from the tensors
-            at run time. The parent makes it from static shapes, and TensorFlow's runtime then
-            folds it (and the additive mask the softmax makes of it) into constants held as
-            long as the step's function lives, one per call: a pipelined step calls each layer
-            once per micro-batch, so its memory grew with the micro-batches (1 MiB per stage
-            and micro-batch at 512 tokens). A comparison of a float tensor with itself is one
-            no optimizer folds (it is false at NaN: `is_nan` covers those)."""
-            def positions(tensor):  # [1, length, 1]: 1, 2, ..., length
-                first = tensor[:1, :, :1]
-                ones = tf.logical_or(tf.equal(first, first), tf.math.is_nan(first))
-                return tf.cumsum(tf.cast(ones, tf.int32), axis=1)
-
-            rows = positions(query)
-            columns = rows if value is None else positions(value)
-            return tf.greater_equal(rows, tf.transpose(columns, [0, 2, 1]))
-
         def _compute_attention(self, query, key, value, attention_mask=None, training=None):
             if query.shape.rank != 4 or self._attention_axes != (1,):
                 return super()._compute_attention(query, key, value, attention_mask, training)
@@ -126,6 +109,39 @@ def attention_class():
             return tf.transpose(output, heads_first), scores
 
     return MatmulAttention
+
+
+@functools.cache
+def staged_attention_class():
+    """`MatmulAttention` for a pipeline stage, whose causal mask is made from the tensors at
+    run time. The parent makes it from static shapes, and TensorFlow's runtime folds it (and
+    the additive mask the softmax makes of it) into constants held as long as the step's
+    function lives, one per call of the layer. One call per step costs one (what a model run
+    whole or exported holds, and what its converters fold away); a pipelined step calls each
+    layer once per micro-batch, so its memory grew with the micro-batches (1 MiB per stage and
+    micro-batch at 512 tokens)."""
+    import tensorflow as tf
+
+    class StagedAttention(attention_class()):
+        def _compute_causal_mask(self, query, value=None):
+            """The parent's causal mask ([1, T, S], true where s <= t), made from the tensors
+            at run time. A comparison of a float tensor with itself is one no optimizer folds
+            (it is false at NaN: `is_nan` covers those)."""
+            def positions(tensor):  # [1, length, 1]: 1, 2, ..., length
+                first = tensor[:1, :, :1]
+                ones = tf.logical_or(tf.equal(first, first), tf.math.is_nan(first))
+                return tf.cumsum(tf.cast(ones, tf.int32), axis=1)
+
+            rows = positions(query)
+            columns = rows if value is None else positions(value)
+            return tf.greater_equal(rows, tf.transpose(columns, [0, 2, 1]))
+
+    return StagedAttention
+
+
+def staged_classes() -> dict:
+    """`saved_classes` with attention as `staged_attention_class` (pipeline stages)."""
+    return {**saved_classes(), "MultiHeadAttention": staged_attention_class()}
 
 
 def saved_classes() -> dict:

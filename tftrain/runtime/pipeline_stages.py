@@ -222,7 +222,7 @@ def build(model, stages: list[Stage], devices: list[str]) -> list:
         with tf.device(device):
             # the model's own class: a recomputed model's stages are recomputed too
             part = type(model).from_config(_stage_config(model, stages[index], index),
-                                           custom_objects=attention.saved_classes())
+                                           custom_objects=attention.staged_classes())
         built.append(part)
     copy_weights(model, built)
     return built
