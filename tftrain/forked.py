@@ -146,7 +146,12 @@ def start_server(preload: list[str] = PRELOAD) -> bool:
 
 def _is_like_a_server(preload: list[str]) -> bool:
     """Whether this process could serve as the server of `preload` as it is."""
-    if not all(name in sys.modules for name in preload) or len(os.listdir("/proc/self/task")) > 1:
+    if not all(name in sys.modules for name in preload):
+        return False
+    try:
+        if len(os.listdir("/proc/self/task")) > 1:
+            return False
+    except OSError:  # no /proc (not Linux): the threads cannot be counted
         return False
     import tensorflow as tf
     from tensorflow.python.eager import context
