@@ -619,10 +619,18 @@ def run_case(index: int, seed: int, bases: dict, work: str, sentinel: str,
         earlier, results = configs_run[digest]
         say({"case": index, "event": "start", "kind": kind,
              "what": f"{what} (the bytes of case {earlier}: its results)"})
-        say({"case": index, "event": "end", "results": results})
-        shutil.rmtree(case_dir, ignore_errors=True)
-        return
-    say({"case": index, "event": "start", "kind": kind, "what": what})
+    else:
+        say({"case": index, "event": "start", "kind": kind, "what": what})
+        results = run_commands(commands, case_dir)
+        if digest:
+            configs_run[digest] = index, results
+    say({"case": index, "event": "end", "results": results})
+    shutil.rmtree(case_dir, ignore_errors=True)  # its links are unlinked, never followed
+
+
+def run_commands(commands, case_dir: str) -> list[dict]:
+    """Each (command, check) of a case run in this process (its output kept in `case_dir`):
+    its exit code, output and the problem its check finds."""
     results = []
     for command, check in commands:
         err_path = os.path.join(case_dir, "stderr.txt")
@@ -634,10 +642,7 @@ def run_case(index: int, seed: int, bases: dict, work: str, sentinel: str,
         problem = check(code, stderr) if check else None
         results.append({"command": command[0], "code": code, "stderr": stderr[-20000:],
                         "stdout": stdout[-2000:], "problem": problem})
-    say({"case": index, "event": "end", "results": results})
-    if digest:
-        configs_run[digest] = index, results
-    shutil.rmtree(case_dir, ignore_errors=True)  # its links are unlinked, never followed
+    return results
 
 
 def main(argv: list[str]) -> None:

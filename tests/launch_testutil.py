@@ -45,6 +45,25 @@ def group_gone(pgid: int, timeout: float = 30) -> bool:
         time.sleep(0.2)
 
 
+def chief_backup(model_dir) -> int:
+    """When the chief last wrote its backup (its checkpoint index; 0 when none). The other
+    workers' saves do not count: they are not what a restart reads."""
+    try:
+        return os.stat(os.path.join(model_dir, "backup", "chief", "checkpoint")).st_mtime_ns
+    except FileNotFoundError:
+        return 0
+
+
+def wait_for_a_new_chief_backup(run, model_dir, timeout: float) -> None:
+    """Returns once the chief has written a backup after this call (polling its index, which
+    each backup rewrites); fails the test after `timeout` seconds."""
+    backed_up = chief_backup(model_dir)
+    deadline = time.monotonic() + timeout
+    while chief_backup(model_dir) == backed_up and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert chief_backup(model_dir) != backed_up, run.tail()
+
+
 class Running:
     """A forked tftrain process whose output is collected line by line in the background."""
 

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from tests.launch_testutil import Running, pid_alive, wait_gone
+from tests.launch_testutil import Running, pid_alive, wait_for_a_new_chief_backup, wait_gone
 from tftrain.callbacks.heartbeat import Heartbeat
 
 BOUND = 420  # seconds any launch here may take before the test calls it a hang
@@ -34,15 +34,6 @@ def _kill_all(run):
     for pid in _all_pids(run):
         if pid_alive(pid):
             os.killpg(pid, signal.SIGKILL)
-
-
-def _chief_backup(model_dir):
-    """When the chief last wrote its backup (its checkpoint index; 0 when none). The other
-    workers' temporary saves under backup/ do not count: they are not what a restart reads."""
-    try:
-        return os.stat(model_dir / "backup/chief/checkpoint").st_mtime_ns
-    except FileNotFoundError:
-        return 0
 
 
 def _parent(pid: int) -> int:
@@ -75,11 +66,7 @@ def test_two_sigkills_are_healed_and_the_run_finishes(tmp_path, digits_dir):
         assert set(second.values()).isdisjoint(first.values()), run.output
         assert _parent(second[0]) == server  # a restart does not import TensorFlow again
         run.wait_for_index(rf"^\[worker 0\] Epoch 3/{EPOCHS}", BOUND, start=restart)
-        backed_up = _chief_backup(model_dir)
-        deadline = time.monotonic() + BOUND
-        while _chief_backup(model_dir) == backed_up and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _chief_backup(model_dir) != backed_up, run.tail()
+        wait_for_a_new_chief_backup(run, model_dir, BOUND)
         os.kill(second[0], signal.SIGKILL)
         code = run.wait(BOUND)
     finally:

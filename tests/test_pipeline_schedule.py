@@ -243,4 +243,3 @@ def test_1f1b_trains_as_one_device_and_gpipe_in_a_chained_graph():
     # 3 micro-batches: stage 0 runs F0 F1 B0 F2 B1 B2 (warm-up, one forward one backward,
     # cool-down), stage 1 F0 B0 F1 B1 F2 B2.
     assert chained_per_stage(graph, pipeline_schedule.schedule("1f1b", 2, 3))
-

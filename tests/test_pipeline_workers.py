@@ -17,14 +17,13 @@ import json
 import os
 import re
 import signal
-import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tests import forked_cli
-from tests.launch_testutil import Running, wait_gone
+from tests.launch_testutil import Running, wait_for_a_new_chief_backup, wait_gone
 from tftrain import config as config_lib
 from tftrain.data.reader import WorkerSlice
 from tftrain.engine.pipeline_backend import _check_split_over_workers
@@ -42,20 +41,10 @@ EPOCH_LINE = re.compile(rf"^\[worker (\d)\] {STEPS}/{STEPS} - .* - loss: (\d+\.\
                         r"accuracy: (\d\.\d+) - perplexity: (\d+\.\d+)")
 
 
-def _chief_backup(model_dir) -> int:
-    try:
-        return os.stat(model_dir / "backup" / "chief" / "checkpoint").st_mtime_ns
-    except FileNotFoundError:
-        return 0
-
-
 def _kill_worker_1_in_epoch_2(run, model_dir) -> None:
     """SIGKILLs worker 1 once the chief has backed up a step of the second epoch."""
     run.wait_for_index(r"^\[worker 0\] Epoch 2/2", BOUND)
-    backed_up = _chief_backup(model_dir)
-    deadline = time.monotonic() + BOUND
-    while _chief_backup(model_dir) == backed_up and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for_a_new_chief_backup(run, model_dir, BOUND)
     os.kill(run.worker_pids()[1], signal.SIGKILL)
 
 

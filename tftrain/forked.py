@@ -22,6 +22,7 @@ import io
 import multiprocessing
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -165,7 +166,6 @@ def _fork_server(server) -> None:
     file descriptors but the server's closed, its signal handlers back at their defaults, as
     in a new interpreter), so that the server's imports are the ones this process made."""
     from multiprocessing import connection, forkserver, resource_tracker, util
-    import socket
 
     resource_tracker.ensure_running()
     listener = socket.socket(socket.AF_UNIX)

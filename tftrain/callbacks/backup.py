@@ -70,7 +70,8 @@ class Backup(keras.callbacks.BackupAndRestore):
     """`BackupAndRestore(backup_dir)` that backs up every `every_steps` steps (0: epochs only),
     in the background when `write_async`."""
 
-    def __init__(self, backup_dir: str, every_steps: int = 0, write_async: bool = False):
+    def __init__(self, backup_dir: str, every_steps: int = 0, write_async: bool = False,
+                 writes: bool = True):
         # An int save_freq (whatever it is: `every_steps` sets the cadence here) makes Keras
         # resume at the step after a mid-epoch backup; with "epoch" it would skip the rest of
         # the epoch after a SIGTERM backup.
@@ -88,7 +89,7 @@ class Backup(keras.callbacks.BackupAndRestore):
         self.write_async = write_async
         # False: this worker restores the chief's backup but never writes one (a multi-worker
         # pipeline's other workers, whose saves would only repeat the chief's into its files)
-        self.writes = True
+        self.writes = writes
         self.stats = BackupStats(write_async)
         self._writer = None  # the background writer's CheckpointManager (`_background_writer`)
         self._next_number = 1

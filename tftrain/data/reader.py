@@ -266,9 +266,9 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     sees the same batches. With `repeat`, the passes follow one another forever and
     `start_batch` (how many batches of this pipeline were consumed before a resume) starts the
     stream right after them: the skipped records of the current pass are read but not parsed,
-    the earlier passes not read at all. `shard_sets`
-    (with `repeat`; `(from_batch, shard file names)`, the first from 0) reads each set of the
-    split's shards from the first pass boundary at or after its `from_batch` on: a run resumed
+    the earlier passes not read at all. `shard_sets` (with `repeat`; `(from_batch, shard file
+    names)`, the first from 0) reads each set of the split's shards from the first pass
+    boundary at or after its `from_batch` on: a run resumed
     after `tftrain convert --append` (`tftrain.data.passes`) finishes its pass on the shards it
     had and reads the new ones from the next. Without `repeat`, training yields one pass,
     reshuffled each time it is iterated. `deterministic=False` lets
@@ -291,8 +291,9 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     a dataset does not choose the code that runs.
 
     tf.data service: with `service_address` (a dispatcher's host:port) the whole pipeline runs
-    on the service's workers in `service_mode` (see `tftrain.data.service`). `last_stage` (one of STAGES) truncates the pipeline: "read" yields batches of serialized
-    records, "parse" their parsed features, "decode" (the default) `(inputs, label)`.
+    on the service's workers in `service_mode` (see `tftrain.data.service`). `last_stage` (one
+    of STAGES) truncates the pipeline: "read" yields batches of serialized records, "parse"
+    their parsed features, "decode" (the default) `(inputs, label)`.
     `worker_slice`: one worker's part of each batch (taken before parsing; a pipeline run's
     workers read the same batches, each trains on its part).
     """

@@ -151,10 +151,10 @@ def make_backup(train_config: config_lib.TrainConfig, backend,
     """The run's `Backup` callback: its cadence, whether it writes in the background, and
     (train.deterministic) the random layers' generators, saved and resumed with it."""
     backup = backup_lib.Backup(backup_dir, train_config.backup_every_steps,
-                               write_async=backs_up_in_background(train_config, backend))
+                               write_async=backs_up_in_background(train_config, backend),
+                               writes=backend.backs_up)
     if backend.random_state is not None:
         backup.trackables["random_state"] = backend.random_state
-    backup.writes = backend.backs_up
     return backup
 
 

@@ -20,6 +20,8 @@ import dataclasses
 
 import tensorflow as tf
 
+from tftrain.runtime import cluster, distribute
+
 # Far above the keys tf.distribute's own collectives take (CollectiveKeys count up from 1).
 GROUP_KEY_BASE = 1_000_000
 INSTANCE_KEY_BASE = 1_000_000
@@ -72,8 +74,6 @@ class Workers:
 def start(runtime) -> Workers | None:
     """The workers of this run when its cluster has more than one (their collective runtime
     started); None on one machine. Call after the stages' devices are configured."""
-    from tftrain.runtime import cluster, distribute
-
     cluster.use(runtime.cluster)
     member = cluster.membership()
     if member.num_workers <= 1:
@@ -84,8 +84,6 @@ def start(runtime) -> Workers | None:
 
 def _worker_index(member) -> int:
     """The worker's rank: a `chief` task is 0, worker i is i (+1 when there is a chief)."""
-    from tftrain.runtime import cluster
-
     if member.task_type == "chief":
         return 0
     has_chief = bool(cluster.tf_config().get("cluster", {}).get("chief"))
