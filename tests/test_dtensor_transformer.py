@@ -1,7 +1,8 @@
 """Model parallelism on the Transformers (`transformer_lm`, `transformer`): the default
 Megatron-style layout rules, their sharded kernels and exact step on 4 virtual CPUs
 (`batch:2,model:2` and `batch:1,model:4`), and `tftrain train` with runtime.strategy=dtensor on
-the text dataset (quality and the bytes per device in summary.json).
+the text dataset with its blocks recomputed (quality, the layouts and the bytes per device in
+summary.json).
 
 The 4-device checks run in processes of their own: the CPU must be split before TensorFlow
 starts (the pytest process has 2 devices; see tests/test_dtensor.py). `tftrain train` runs in a
@@ -242,24 +243,31 @@ def test_transformer_lm_kernels_sharded_and_steps_through_fit_match_one_device(t
             assert on_mesh == pytest.approx(single, rel=1e-4), (mesh, name, got["logs"])
 
 
-def test_transformer_lm_trains_through_fit_on_a_mesh(text_dir, tmp_path):
+def test_transformer_lm_trains_through_fit_on_a_mesh_with_its_blocks_recomputed(text_dir,
+                                                                              tmp_path):
     run = tmp_path / "run"
     # 30 steps, one epoch: that 30 compiled steps on a mesh are those of one device is the
     # question of the test above (5 steps, exact); this one asks the command: it trains, its
     # summary reports the mesh, the layouts and the bytes per device, and its model learned
     # (test perplexity 23.24 measured, against 26.68 for the data's unigram model; 60 steps,
-    # 16.3, cost 13 s more CPU).
+    # 16.3, cost 13 s more CPU). With recomputation (model.params.remat), a memory switch that
+    # changes no weight (tests/test_remat.py): the recomputed blocks keep their Megatron
+    # layouts on the mesh, and the run is the same question asked once.
     out = forked_cli.run(["train", "--config=text_lm", f"--model_dir={run}",
                           "--mesh=batch:2,model:2",
                           f"--params_override=data.dir={text_dir},runtime.strategy=dtensor,"
-                          "train.epochs=1,train.steps_per_epoch=30"],
+                          "train.epochs=1,train.steps_per_epoch=30,model.params.remat=true"],
                          env=_env(), cwd=REPO, timeout=TIMEOUT)
     assert out.returncode == 0, out.stderr[-3000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["strategy"] == "dtensor" and summary["dtensor"]["mesh"] == "batch:2,model:2"
-    assert summary["steps"] == 30
-    assert summary["dtensor"]["layouts"]["block_1_attention._query_dense.kernel"] == (
-        "unsharded,model,unsharded")
+    assert summary["steps"] == 30 and "remat: true" in (run / "params.yaml").read_text()
+    found = summary["dtensor"]["layouts"]
+    assert found["block_0_attention._query_dense.kernel"] == "unsharded,model,unsharded"
+    assert found["block_1_attention._query_dense.kernel"] == "unsharded,model,unsharded"
+    assert found["block_1_mlp_out.kernel"] == "model,unsharded"
+    assert summary["memory"]["weights_bytes_per_device"] == (
+        summary["dtensor"]["memory"]["weights_bytes_per_device"])
     # Weights + Adam's two moments per device: about half of one device's.
     memory = summary["dtensor"]["memory"]
     assert memory["optimizer_slots"] == 2

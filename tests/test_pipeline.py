@@ -9,6 +9,7 @@ resume equal to an uninterrupted run) are at the end.
 """
 import json
 import math
+import re
 import signal
 import types
 
@@ -371,7 +372,10 @@ def pipeline_command() -> list[str]:
     return shlex.split(command)
 
 
-def test_text_lm_on_two_stages_reaches_the_one_device_bar(text_dir, tmp_path, cli):
+def test_text_lm_on_two_stages_reaches_the_one_device_bar(text_dir, tmp_path, cli, capfd):
+    """text_lm's `Pipeline:` header command, as written but for where it writes, the
+    session's text data (converted as its default path converts it) and 2 epochs
+    (tests/test_documented_commands.py leaves this command to this test)."""
     from tests.test_language_model import unigram_perplexity
     from tftrain import config as config_lib
     from tftrain import tasks
@@ -383,6 +387,8 @@ def test_text_lm_on_two_stages_reaches_the_one_device_bar(text_dir, tmp_path, cl
     args = [a if not a.startswith("--model_dir=") else f"--model_dir={run}" for a in args]
     overrides = f"data.dir={text_dir},train.epochs=2"
     assert cli(*args[1:], f"--params_override={overrides}") == 0
+    out, err = capfd.readouterr()
+    assert re.search(r"test split: .*accuracy=\d+\.\d+", out) and "Traceback" not in out + err
     summary = json.loads((run / "summary.json").read_text())
     assert summary["strategy"] == "pipeline"
     pipeline = summary["pipeline"]
