@@ -20,14 +20,20 @@ the step time with the bubble fraction (S-1)/(M+S-1). Prints the CPU and the tab
 `--schedules`: 2 stages under `gpipe`, `1f1b` and `interleaved` (2 chunks per stage;
 `runtime.pipeline_schedule`), and 2 stages x 2 replicas under `1f1b` on 4 devices (`1f1bx2`),
 at 4, 8 and 16 micro-batches of `--microbatch_size` windows each (the batch grows with the
-count, and doubles for the 2 replicas), on an activation-heavy model (long windows). Besides the step time, three figures of the timed steps
-(after a warm-up step): TensorFlow's allocator peak (the tensors: weights, optimizer state,
-gradients and the activations the schedule holds; what a GPU's memory would show), what the
-allocator still holds after the steps (weights, optimizer state, and what the step's program
-keeps between steps, which grows with its size), and `tftrain check`'s plan of the same setting
-(the stages' bytes summed: the virtual devices share one allocator); then the process's
-resident peak (the kernel's high-water mark, which also holds the program and TensorFlow's
-runtime, and memory freed but not returned to the system).
+count, and doubles for the 2 replicas), on an activation-heavy model (long windows). Besides
+the step time, from one more step traced by TensorFlow's profiler (`bench/trace.py`: the most
+bytes the step's tensors requested at once, its allocations replayed in time order): each
+device's tensors' peak (its weights and optimizer state, plus its passes' tensors: the
+activations the schedule holds and its gradients; what that device's memory would show on a
+host with a GPU per stage) beside `tftrain check`'s plan of each stage, and all devices' tensors
+at once (the virtual devices share the CPU's allocator, so their peaks add up as their
+concurrent passes happen to overlap). Then, over the timed steps (after a warm-up step),
+TensorFlow's allocator peak (its in-use count: the chunks its BFC allocator handed out, which
+may be up to twice a request, as a GPU's allocator counts them; it moves with the order of
+the allocations, so from run to run and with the number of steps), what the allocator still holds after the steps (weights, optimizer
+state, and what the step's program keeps between steps) and the process's resident peak (the
+kernel's high-water mark, which also holds the program and TensorFlow's runtime, and memory
+freed but not returned to the system).
 """
 from __future__ import annotations
 
@@ -43,9 +49,10 @@ from bench.table import markdown_table  # noqa: E402
 from tftrain.host import cpu_name  # noqa: E402
 
 CHILD = r'''
-import json, sys, time
+import json, re, sys, time
 import tftrain  # noqa: F401  (tf-keras before TensorFlow)
 import numpy as np, tensorflow as tf, tf_keras as keras
+from bench import trace
 from tftrain import models
 from tftrain.config_schema import RuntimeConfig
 from tftrain.engine import run_memory
@@ -108,9 +115,27 @@ held = run_memory.bytes_by_device(model.weights + run_memory.optimizer_state(mod
 tensors = tf.config.experimental.get_memory_info("CPU:0")
 with open("/proc/self/status") as f:
     peak = int(next(l for l in f if l.startswith("VmHWM:")).split()[1]) * 1024
+# one more step, traced: the most bytes its tensors requested at once, on top of the weights
+# and optimizer state held throughout: on each device (a pass's tensors are its stage's,
+# replica r's stage s on device r * S + s), and on all at once (they share the CPU's allocator)
+space = trace.traced(lambda: model.train_on_batch(ids, ids))
+step_peak = trace.tensor_peak_bytes(space)
+
+
+def device_of(allocator, op):
+    found = re.search(r"(?:replica_(\d+)/)?stage_(\d+)_", op)
+    return int(found.group(1) or 0) * stages + int(found.group(2)) if found else None
+
+
+device_step_peak = trace.tensor_peak_bytes(space, device_of)
+held_on = {device.split("device:")[-1]: n for device, n in held.items()}
+device_peak = [held_on.get(device.split("device:")[-1], 0) + device_step_peak.get(index, 0)
+               for index, device in enumerate(devices)] if stages > 1 else []
 planned = planned_stage_bytes(args, params, length, vocab) if stages > 1 else []
 print("RESULT " + json.dumps({"seconds_per_step": seconds, "loss": float(np.ravel(loss)[0]),
-                              "peak_bytes": peak, "tensor_peak_bytes": tensors["peak"],
+                              "peak_bytes": peak, "allocator_peak_bytes": tensors["peak"],
+                              "tensor_peak_bytes": sum(held.values()) + sum(step_peak.values()),
+                              "device_peak_bytes": device_peak,
                               "tensor_held_bytes": tensors["current"],
                               "planned_stage_bytes": planned,
                               "largest_device_bytes": max(held.values()),
@@ -134,21 +159,26 @@ def schedules(args: dict) -> None:
             batch = micro * args["microbatch_size"] * int(replicas)
             r = run({**args, "stages": 2, "microbatches": micro, "schedule": schedule,
                      "virtual": virtual, "replicas": int(replicas), "batch_size": batch})
-            planned = sum(r["planned_stage_bytes"])
+            planned, peaks = r["planned_stage_bytes"], r["device_peak_bytes"]
+            fullest = max(range(len(peaks)), key=peaks.__getitem__)
             label = (f"{schedule}, V=2" if virtual > 1 else
                      f"{schedule}, 2x{replicas} replicas" if replicas != "1" else schedule)
-            rows.append([label, micro, batch,
-                         f"{r['seconds_per_step']:.3f}", f"{r['tensor_peak_bytes'] / 2**20:,.0f}",
-                         f"{r['tensor_held_bytes'] / 2**20:,.0f}", f"{planned / 2**20:,.0f}",
-                         f"{planned / r['tensor_peak_bytes']:.2f}",
+            rows.append([label, micro, batch, f"{r['seconds_per_step']:.3f}",
+                         " / ".join(f"{p / 2**20:,.1f}" for p in peaks),
+                         " / ".join(f"{p / 2**20:,.0f}" for p in planned),
+                         f"{planned[fullest] / peaks[fullest]:.2f}",
+                         f"{r['tensor_peak_bytes'] / 2**20:,.1f}",
+                         f"{r['allocator_peak_bytes'] / 2**20:,.0f}",
+                         f"{r['tensor_held_bytes'] / 2**20:,.0f}",
                          f"{r['peak_bytes'] / 2**20:,.0f}", f"{r['loss']:.4f}"])
             print("   ", rows[-1], flush=True)
     print(f"transformer_lm width {args['width']}, {args['num_layers']} blocks, sequence "
           f"{args['sequence_length']}, micro-batches of {args['microbatch_size']} windows, "
           "2 stages on virtual CPU devices, Adam, float32")
     print(markdown_table(["setting", "micro-batches", "batch", "s/step",
-                          "tensors' peak MiB", "held after the step MiB",
-                          "check's plan MiB", "plan / peak",
+                          "each device's tensors' peak MiB", "check's plan MiB",
+                          "plan / peak (fullest)", "all devices' tensors' peak MiB",
+                          "allocator's peak MiB", "held after the steps MiB",
                           "process peak MiB", "loss"], rows))
 
 

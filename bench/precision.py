@@ -57,7 +57,7 @@ print("RESULT " + json.dumps(result))
 '''
 
 STEP = r'''
-import collections, glob, json, statistics, sys, tempfile, time
+import collections, json, statistics, sys, time
 import tftrain  # noqa: F401  (tf-keras before TensorFlow)
 import tensorflow as tf, tf_keras as keras
 from tftrain import models
@@ -93,14 +93,8 @@ model.fit(batches, steps_per_epoch=args["steps"], epochs=1, verbose=0, callbacks
 result = {"seconds": statistics.median(times), "parameters": model.count_params(),
           "flops": flops.training_flops_per_example(model) * args["batch"]}
 if args["profile"]:
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-    logdir = tempfile.mkdtemp()
-    tf.profiler.experimental.start(logdir)
-    model.fit(batches, steps_per_epoch=2, epochs=1, verbose=0)
-    tf.profiler.experimental.stop()
-    space = xplane_pb2.XSpace()
-    with open(sorted(glob.glob(logdir + "/**/*.xplane.pb", recursive=True))[-1], "rb") as f:
-        space.ParseFromString(f.read())
+    from bench import trace
+    space = trace.traced(lambda: model.fit(batches, steps_per_epoch=2, epochs=1, verbose=0))
     by_type = collections.Counter()
     for plane in space.planes:
         for line in plane.lines:
