@@ -22,10 +22,12 @@ def pytest_configure(config):
     # whoever runs the tests; each test process and the runs it starts share it.
     os.environ.setdefault("TFTRAIN_CACHE_DIR", os.path.join(
         config.rootpath, ".pytest_cache", "tftrain"))
-    # One thread per op in each test process and every command it starts: the suite runs
-    # several processes on two cores, and TensorFlow's default (an intra-op pool as big as the
-    # machine in each) spends CPU spinning in pools that wait for a core.
+    # One thread per op, and one running the ops, in each test process and every command it
+    # starts: the suite runs several processes on two cores, and TensorFlow's defaults (intra-
+    # and inter-op pools as big as the machine in each) spend CPU spinning in pools that wait
+    # for a core.
     os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
+    os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
 
     quiet_start.import_tensorflow()
     import tensorflow as tf

@@ -10,7 +10,7 @@ line: no traceback, no signal, no hang; and a sentinel directory outside every t
 cases link to from inside them) must be unchanged after every case. The cases run in one driver
 process (tests/fuzz_driver.py, forked: `tests/forked_cli.py`), restarted after a crash or a hang.
 
-    TFTRAIN_FUZZ_SEED (default 23), TFTRAIN_FUZZ_CASES (default 400), TFTRAIN_FUZZ_FIRST (0)
+    TFTRAIN_FUZZ_SEED (default 23), TFTRAIN_FUZZ_CASES (default 300), TFTRAIN_FUZZ_FIRST (0)
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from tests import forked_cli
 from tests.conftest import REPO
 
 SEED = int(os.environ.get("TFTRAIN_FUZZ_SEED", "23"))
-CASES = int(os.environ.get("TFTRAIN_FUZZ_CASES", "400"))
+CASES = int(os.environ.get("TFTRAIN_FUZZ_CASES", "300"))
 FIRST = int(os.environ.get("TFTRAIN_FUZZ_FIRST", "0"))
 CASE_TIMEOUT = 90  # seconds: a training case takes ~2 s; a hang never ends
 START_TIMEOUT = 180
