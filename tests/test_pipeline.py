@@ -10,6 +10,7 @@ resume equal to an uninterrupted run) are at the end.
 import json
 import math
 import re
+import shlex
 import signal
 import types
 
@@ -283,23 +284,34 @@ def test_interleaved_trains_as_one_device_and_1f1b_in_a_graph_chained_per_device
     assert chained_per_stage(graph, pipeline_schedule.schedule("interleaved", 2, 2, 2), 2, 2)
 
 
+def interleaved_command() -> str:
+    """The pipeline guide's `interleaved` command, as a user copies it."""
+    from tests.test_docs_commands import COMMANDS_IN_DOCS
+
+    (command,) = {c for page, c in COMMANDS_IN_DOCS if page.endswith("pipeline-stages.md")
+                  and "runtime.pipeline_schedule=interleaved" in c}
+    return command
+
+
 def test_an_interleaved_run_records_its_chunks_and_their_adam_state(text_dir, tmp_path, cli):
-    """`tftrain train --strategy=pipeline` with 2 stages x 2 chunks (4 blocks), Adam, 3 steps:
-    the backend builds the chunks on alternating devices, and summary.json says so: the
-    chunks in model order, each with its weights and Adam's two slots per weight counted on its
-    device, the bubble (S-1)/(V M + S-1) = 1/5 (2 micro-batches) and the passes in flight per
-    device."""
+    """The pipeline guide's `interleaved` command (2 stages x 2 chunks, 4 blocks, text_lm's
+    Adam and 4 micro-batches) as written, but for where it writes, the session's text data and
+    3 steps: the backend builds the chunks on alternating devices, and summary.json says so:
+    the chunks in model order, each with its weights and Adam's two slots per weight counted
+    on its device, the bubble (S-1)/(V M + S-1) = 1/9 and the passes in flight per device (5
+    and 3: the guide's drawing of this schedule)."""
+    from tests.test_documented_commands import with_override
+
     run = tmp_path / "run"
-    assert cli("train", "--config=text_lm", "--strategy=pipeline", f"--model_dir={run}",
-               f"--params_override=data.dir={text_dir},model.params.num_layers=4,"
-               "runtime.pipeline_schedule=interleaved,runtime.virtual_stages=2,"
-               "runtime.microbatches=2,train.epochs=1,train.steps_per_epoch=3,"
-               "train.validation_steps=1,train.test_steps=1") == 0
+    args = [a if not a.startswith("--model_dir=") else f"--model_dir={run}"
+            for a in shlex.split(interleaved_command())]
+    assert cli(*with_override(args, f"data.dir={text_dir},train.epochs=1,train.steps_per_epoch=3,"
+                                    "train.validation_steps=1,train.test_steps=1")[1:]) == 0
     summary = json.loads((run / "summary.json").read_text())
     pipeline = summary["pipeline"]
     assert (pipeline["schedule"], pipeline["virtual_stages"]) == ("interleaved", 2)
-    assert pipeline["bubble_fraction"] == round(1 / 5, 4)
-    assert pipeline["max_in_flight"] == [4, 3]
+    assert pipeline["microbatches"] == 4 and pipeline["bubble_fraction"] == round(1 / 9, 4)
+    assert pipeline["max_in_flight"] == [5, 3]
     assert [s["device"] for s in pipeline["stages"]] == DEVICES * 2
     assert [s["layers"][-1] for s in pipeline["stages"][:3]] == [
         f"block_{i}_mlp_residual" for i in range(3)]
@@ -358,12 +370,9 @@ def test_mixed_precision_trains_as_one_device_does(policy, tolerance):
 # --- through the CLI --------------------------------------------------------------------
 
 
-
-
 def pipeline_command() -> list[str]:
     """text_lm's `Pipeline:` header command, as a user copies it."""
     import os
-    import shlex
 
     from tests.test_documented_commands import header_commands
 
