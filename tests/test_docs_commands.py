@@ -101,11 +101,11 @@ def after_the_demo() -> list[str]:
 
 
 def run_by_tests() -> set[str]:
-    """Commands the suite runs as written: config headers, README's examples, the demo recipe
-    and the docs' commands on the demo's run (tests/test_documented_commands.py), the own-data
-    guide's (tests/test_own_data_guide.py), the reference pages' conversions
-    (tests/test_docs_conversions.py) and the pipeline guide's `interleaved` run
-    (tests/test_pipeline.py)."""
+    """Commands the suite runs as written: config headers, README's examples, the demo recipe,
+    the docs' commands on the demo's run and two of the check guide's checks
+    (tests/test_documented_commands.py), the own-data guide's (tests/test_own_data_guide.py),
+    the reference pages' conversions (tests/test_docs_conversions.py) and the pipeline guide's
+    `interleaved` run (tests/test_pipeline.py)."""
     from tests import test_documented_commands as documented
     from tests.test_docs_conversions import COMMANDS as conversions
     from tests.test_own_data_guide import guide_commands
@@ -113,7 +113,8 @@ def run_by_tests() -> set[str]:
 
     return ({c for _, c in documented.CONFIG_COMMANDS} | set(documented.demo_commands())
             | {c for c, _ in documented.readme_examples()} | set(after_the_demo())
-            | set(guide_commands()) | set(conversions) | {interleaved_command()})
+            | set(documented.GUIDE_CHECKS) | set(guide_commands()) | set(conversions)
+            | {interleaved_command()})
 
 
 def without_defaults(command: str) -> str:

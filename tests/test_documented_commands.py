@@ -2,7 +2,8 @@
 
 - each shipped config's header commands (`# Run: tftrain ...`, continued with `\\`);
 - README's `$ tftrain ...` examples, whose following lines are the output they must print;
-- the `make demo` recipe.
+- the `make demo` recipe;
+- two of the check guide's `tftrain check` commands (`GUIDE_CHECKS`).
 
 They run as the user runs them: each its own process entering `tftrain.cli.run` (the console
 script's entry point; forked from a server that imported TensorFlow once, `tests/forked_cli.py`;
@@ -243,6 +244,30 @@ def test_config_header_command_runs_as_written(config, command, user_dir):
     if command.startswith("tftrain check"):  # on the data the commands before it converted
         target = check_target(config, shlex.split(command))
         assert_check_passes(result.stdout, result.stderr, target)
+
+
+# The check-and-doctor guide's `tftrain check` commands on data the headers above converted
+# (data/digits, data/lm_1b), in the same directory after them: as written (lm_1b on its
+# smaller model, as its header's checks).
+GUIDE_CHECKS = ["tftrain check --config=digits --target=multi_worker --replicas=2",
+                "tftrain check --config=lm_1b --target=cpu --json=plan.json"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", GUIDE_CHECKS)
+def test_guide_check_command_runs_as_written(command, user_dir):
+    from tests.test_docs_commands import COMMANDS_IN_DOCS
+
+    assert ("guides/check-and-doctor.md", command) in {
+        (page.split("docs/")[-1], c) for page, c in COMMANDS_IN_DOCS}, command
+    config = shlex.split(command)[2].split("=")[1] + ".yaml"
+    (user_dir / "plan.json").unlink(missing_ok=True)
+    result = run(command, user_dir, smaller=SMALLER.get(config))
+    assert result.returncode == 0, f"{command}\n{(result.stdout + result.stderr)[-3000:]}"
+    assert_check_passes(result.stdout, result.stderr, check_target(config, shlex.split(command)))
+    if "--json=" in command:
+        plan = json.loads((user_dir / "plan.json").read_text())["memory"]
+        assert plan["fits"] and plan["remat"] and plan["bytes_per_device"] > 0, plan
 
 
 AFTER_DEMO = "runs/demo"  # README examples on the demo's run: checked after `make demo`
