@@ -421,26 +421,22 @@ def test_text_lm_on_two_stages_reaches_the_one_device_bar(text_dir, tmp_path, cl
           f"unigram {unigram:.2f}")
 
 
-def test_resnet_on_two_stages_is_within_two_points_of_one_device(digits_dir, tmp_path):
-    """The pipeline's BatchNormalization updates its moving statistics once per micro-batch (4
-    a step), one device's once a step: after these 176 steps one device's are still far from
-    the data's (its test accuracy: 0.069 measured, below chance), the pipeline's are not (0.963
-    measured). So the pipeline's own accuracy has a bound too, well above chance (0.1): a stage
-    left untrained or weights lost in the gather do not reach it."""
+def test_resnet_on_two_stages_learns_the_digits(digits_dir, tmp_path):
+    """A ResNet cut into 2 stages, trained by `train` for 176 steps (4 epochs), reaches 0.9 test
+    accuracy (0.963 measured): a stage left untrained or weights lost in the gather do not.
+    (The same steps on one device are no bar to hold it to: the pipeline's BatchNormalization
+    updates its moving statistics once per micro-batch, 4 a step, one device's once a step, and
+    after these steps one device's are still far from the data's: 0.069 measured.)"""
     from tftrain import config as config_lib
     from tftrain.engine import train
 
-    accuracy = {}
-    for strategy in ("one_device", "pipeline"):
-        config = config_lib.build_config("digits", {"runtime.strategy": strategy},
-                                         f"data.dir={digits_dir},model.name=resnet,"
-                                         "model.params={depth: 1, width: 16, stages: 2},"
-                                         "train.epochs=4")
-        summary = train.train(config, str(tmp_path / strategy))
-        accuracy[strategy] = summary["eval"]["accuracy"]
-    print(f"resnet on digits: {accuracy}")
-    assert accuracy["pipeline"] >= accuracy["one_device"] - 0.02, accuracy
-    assert accuracy["pipeline"] >= 0.9, accuracy
+    config = config_lib.build_config("digits", {"runtime.strategy": "pipeline"},
+                                     f"data.dir={digits_dir},model.name=resnet,"
+                                     "model.params={depth: 1, width: 16, stages: 2},"
+                                     "train.epochs=4")
+    summary = train.train(config, str(tmp_path / "pipeline"))
+    assert summary["pipeline"]["schedule"] == "1f1b" and len(summary["pipeline"]["stages"]) == 2
+    assert summary["eval"]["accuracy"] >= 0.9, summary["eval"]
 
 
 def exported_weights(run) -> dict:
