@@ -30,10 +30,10 @@ at once (the virtual devices share the CPU's allocator, so their peaks add up as
 concurrent passes happen to overlap). Then, over the timed steps (after a warm-up step),
 TensorFlow's allocator peak (its in-use count: the chunks its BFC allocator handed out, which
 may be up to twice a request, as a GPU's allocator counts them; it moves with the order of
-the allocations, so from run to run and with the number of steps), what the allocator still holds after the steps (weights, optimizer
-state, and what the step's program keeps between steps) and the process's resident peak (the
-kernel's high-water mark, which also holds the program and TensorFlow's runtime, and memory
-freed but not returned to the system).
+the allocations, so from run to run and with the number of steps), what the allocator still
+holds after the steps (weights, optimizer state, and what the step's program keeps between
+steps) and the process's resident peak (the kernel's high-water mark, which also holds the
+program and TensorFlow's runtime, and memory freed but not returned to the system).
 """
 from __future__ import annotations
 

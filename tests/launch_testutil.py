@@ -46,8 +46,9 @@ def group_gone(pgid: int, timeout: float = 30) -> bool:
 
 
 def chief_backup(model_dir) -> int:
-    """When the chief last wrote its backup (its checkpoint index; 0 when none). The other
-    workers' saves do not count: they are not what a restart reads."""
+    """When the chief last wrote its backup: the modification time (ns) of its checkpoint
+    index, 0 when there is none. The other workers' saves do not count: they are not what a
+    restart reads."""
     try:
         return os.stat(os.path.join(model_dir, "backup", "chief", "checkpoint")).st_mtime_ns
     except FileNotFoundError:

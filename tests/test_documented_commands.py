@@ -261,7 +261,7 @@ def test_guide_check_command_runs_as_written(command, user_dir):
     assert ("guides/check-and-doctor.md", command) in {
         (page.split("docs/")[-1], c) for page, c in COMMANDS_IN_DOCS}, command
     config = shlex.split(command)[2].split("=")[1] + ".yaml"
-    (user_dir / "plan.json").unlink(missing_ok=True)
+    (user_dir / "plan.json").unlink(missing_ok=True)  # the plan read below is this command's
     result = run(command, user_dir, smaller=SMALLER.get(config))
     assert result.returncode == 0, f"{command}\n{(result.stdout + result.stderr)[-3000:]}"
     assert_check_passes(result.stdout, result.stderr, check_target(config, shlex.split(command)))
