@@ -88,3 +88,19 @@ def test_a_child_knows_only_its_own_commands_flags(tmp_path):
     assert done.returncode == 2, done.stderr
     assert "Unknown command line flag 'task_index'" in done.stderr, done.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_a_tmpdir_too_deep_for_a_socket_moves_the_servers_socket_to_a_private_dir_of_tmp():
+    """AF_UNIX paths end at 107 bytes: under a deep TMPDIR (a test's, a cluster's scratch) the
+    server's socket goes to a directory of /tmp's that only this user can enter."""
+    import stat
+
+    from tftrain import forked
+
+    fits = "/tmp/pymp-x/listener-y"
+    assert forked._listener_address(fits) == fits
+    moved = forked._listener_address("/tmp/" + "deep/" * 24 + "pymp-x/listener-y")
+    directory = os.path.dirname(moved)
+    assert len(os.fsencode(moved)) <= forked.SOCKET_PATH_MAX
+    assert directory.startswith("/tmp/tftrain-") and not os.listdir(directory)
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700

@@ -161,6 +161,25 @@ def _is_like_a_server(preload: list[str]) -> bool:
     return not (started and started._initialized) and not tf.config.list_physical_devices("GPU")
 
 
+# The longest path an AF_UNIX socket takes (sun_path: 108 bytes with the final NUL, on Linux).
+SOCKET_PATH_MAX = 107
+
+
+def _listener_address(address: str) -> str:
+    """`address` (multiprocessing's, in its temporary directory under TMPDIR) when a socket can
+    take it; under a TMPDIR too deep for one, a socket in a private directory of /tmp (mode
+    0700, as `mkdtemp` makes it), removed when this process ends."""
+    if len(os.fsencode(address)) <= SOCKET_PATH_MAX:
+        return address
+    import shutil
+    from multiprocessing import util
+
+    directory = tempfile.mkdtemp(prefix="tftrain-", dir="/tmp")
+    util.Finalize(None, shutil.rmtree, args=(directory,), kwargs={"ignore_errors": True},
+                  exitpriority=-100)
+    return os.path.join(directory, "listener")
+
+
 def _fork_server(server) -> None:
     """What `forkserver.ensure_running` does, with a fork of this process as the server (its
     file descriptors but the server's closed, its signal handlers back at their defaults, as
@@ -169,7 +188,7 @@ def _fork_server(server) -> None:
 
     resource_tracker.ensure_running()
     listener = socket.socket(socket.AF_UNIX)
-    address = connection.arbitrary_address("AF_UNIX")
+    address = _listener_address(connection.arbitrary_address("AF_UNIX"))
     listener.bind(address)
     if not util.is_abstract_socket_namespace(address):
         os.chmod(address, 0o600)
