@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 
+from tests import documented
 from tests.test_convert import Pipeline, records
 from tftrain.data import inspection, load
+from tftrain.data import manifest as manifest_lib
 from tftrain.data.beam_writer import write_dataset_beam
 from tftrain.data.writer import write_dataset
 
@@ -38,11 +40,29 @@ def test_beam_matches_the_local_writer(tmp_path):
     assert sum(len(b[1]) for b in batches) == beam["splits"]["test"]["num_examples"]
 
 
-def test_beam_cli_and_errors(tmp_path, cli, capsys):
-    out = str(tmp_path / "out")
-    assert cli("convert", "--pipeline=tests.test_convert", "--pipeline_options=n=60",
-               f"--output={out}", "--runner=beam", "--beam_options=--runner=DirectRunner") == 0
+def serialized(data_dir: str, split: str) -> list[bytes]:
+    """The records of a split, sorted."""
+    import tensorflow as tf
+
+    manifest = manifest_lib.read(data_dir)
+    return sorted(record for path in manifest_lib.shard_files(data_dir, manifest, split)
+                  for record in tf.data.TFRecordDataset(path).as_numpy_iterator())
+
+
+def test_beam_cli_and_errors(tmp_path, cli, capsys, monkeypatch, digits_dir):
+    """The reference's Beam command as written (in a fresh directory): the embedded digits,
+    the same examples in each split as the local writer's, verified; then a failing job."""
+    monkeypatch.chdir(tmp_path)
+    assert cli(*documented.args(
+        "tftrain convert --pipeline=digits --output=data/digits --runner=beam "
+        "--beam_options='--runner=DirectRunner --direct_num_workers=2'")) == 0
     assert "with Beam" in capsys.readouterr().out
+    beam = str(tmp_path / "data" / "digits")
+    local = manifest_lib.read(digits_dir)["splits"]
+    assert set(manifest_lib.read(beam)["splits"]) == set(local) == {"train", "validation", "test"}
+    for split in local:
+        assert serialized(beam, split) == serialized(digits_dir, split), split
+    assert inspection.verify(beam) == []
     assert cli("convert", "--pipeline=tests.test_convert", "--pipeline_options=n=200,fail_at=150",
                f"--output={tmp_path / 'bad'}", "--runner=beam", "--overwrite") == 1
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]

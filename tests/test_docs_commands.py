@@ -2,12 +2,11 @@
 flags with values it accepts, and (train, check, doctor) a config that builds with its
 overrides: a renamed flag or config key fails here, not in a user's terminal.
 
-These are checked, not run: README's `$` examples, the `make demo` recipe and every shipped
-config's header commands run as written in tests/test_documented_commands.py, the own-data
-guide's in tests/test_own_data_guide.py and the reference pages' conversions in
-tests/test_docs_conversions.py (on files they generate); the rest are listed, with why, in
-docs/testing.md (trainings of many steps, TPU and GPU hosts, a user's LMDB or TFDS download).
+These are checked, not run, here; `run_by_tests` says which tests run them as written, and
+the rest are listed, with why, in docs/testing.md (TPU and GPU hosts, a bucket, a download, a
+server that runs until stopped, a user's own files).
 """
+import ast
 import glob
 import importlib
 import os
@@ -102,19 +101,42 @@ def after_the_demo() -> list[str]:
 
 def run_by_tests() -> set[str]:
     """Commands the suite runs as written: config headers, README's examples, the demo recipe,
-    the docs' commands on the demo's run and two of the check guide's checks
-    (tests/test_documented_commands.py), the own-data guide's (tests/test_own_data_guide.py),
-    the reference pages' conversions (tests/test_docs_conversions.py) and the pipeline guide's
-    `interleaved` run (tests/test_pipeline.py)."""
-    from tests import test_documented_commands as documented
+    the docs' commands on the demo's run and the guides' (tests/test_documented_commands.py),
+    the own-data guide's (tests/test_own_data_guide.py), the reference pages' conversions
+    (tests/test_docs_conversions.py) and those a test of their subject runs
+    (tests/documented.py)."""
+    from tests import documented
+    from tests import test_documented_commands as shown
     from tests.test_docs_conversions import COMMANDS as conversions
     from tests.test_own_data_guide import guide_commands
-    from tests.test_pipeline import interleaved_command
 
-    return ({c for _, c in documented.CONFIG_COMMANDS} | set(documented.demo_commands())
-            | {c for c, _ in documented.readme_examples()} | set(after_the_demo())
-            | set(documented.GUIDE_CHECKS) | set(guide_commands()) | set(conversions)
-            | {interleaved_command()})
+    return ({c for _, c in shown.CONFIG_COMMANDS} | set(shown.demo_commands())
+            | {c for c, _ in shown.readme_examples()} | set(after_the_demo())
+            | set(shown.GUIDE_COMMANDS) | set(guide_commands()) | set(conversions)
+            | set(documented.RUN_BY))
+
+
+def calls_of_args(path: str, function: str) -> set[str]:
+    """The constant commands that `function` (a test or fixture) in the test file at `path`
+    passes to `documented.args`."""
+    tree = ast.parse(open(os.path.join(REPO, path), encoding="utf-8").read())
+    (node,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function]
+    return {call.args[0].value for call in ast.walk(node) if isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute) and call.func.attr == "args"
+            and isinstance(call.func.value, ast.Name) and call.func.value.id == "documented"
+            and call.args and isinstance(call.args[0], ast.Constant)}
+
+
+def test_a_command_left_to_a_test_is_shown_and_that_test_runs_it():
+    from tests import documented
+    from tests.test_documented_commands import CONFIG_COMMANDS
+
+    shown = {c for _, c in COMMANDS_IN_DOCS} | {c for _, c in CONFIG_COMMANDS}
+    for command, where in documented.RUN_BY.items():
+        assert command in shown, f"no page or config header shows {command!r} any more"
+        path, function = where.split("::")
+        assert command in calls_of_args(path, function), \
+            f"{where} does not run documented.args({command!r})"
 
 
 def without_defaults(command: str) -> str:

@@ -1,6 +1,6 @@
 """`tftrain doctor`: an input-bound run (a tiny model on examples whose decoding is a fixed,
-large amount of work) and a compute-bound one (a 64-filter CNN on cached digits), each measured
-for real. Each is built lopsided (the slow part costs many times the rest), and the test checks
+large amount of work) and a compute-bound one (the digits config's CNN on its decoded cache),
+each measured for real. Each is built lopsided (the slow part costs many times the rest), and the test checks
 what the doctor concludes from its measurements (the verdict, the costliest stage, the suggested
 fix) and relations that hold by construction; never a speed ratio, which depends on the load of
 the (shared) machine.
@@ -10,7 +10,8 @@ import json
 import pytest
 import tensorflow as tf
 
-from tests import test_convert
+from tests import documented, test_convert
+from tests.test_documented_commands import with_override
 from tftrain import config as config_lib
 from tftrain.doctor import advice, measure
 
@@ -96,11 +97,14 @@ def test_input_bound_run_names_decode_and_gets_the_cache_that_skips_it(costly_de
 
 
 def test_compute_bound_run_says_so_and_suggests_nothing_for_the_input(digits_dir, tmp_path, cli,
-                                                                      capsys):
+                                                                      capsys, monkeypatch):
+    """The check guide's doctor command as written (digits' CNN on the decoded cache), but
+    for the session's digits and STEPS timed steps."""
+    monkeypatch.chdir(tmp_path)
     out = tmp_path / "doctor.json"
-    code = cli("doctor", "--config=digits", f"--steps={STEPS}", f"--json={out}",
-               f"--params_override=data.dir={digits_dir},data.cache=decoded,"
-               "model.params={filters: [64, 64], dense_units: 128, dropout: 0.0}")
+    args = documented.args("tftrain doctor --config=digits --params_override=data.cache=decoded "
+                           "--json=doctor.json")
+    code = cli(*with_override(args, f"data.dir={digits_dir}"), f"--steps={STEPS}")
     assert code == 0
     printed = capsys.readouterr().out
     result = json.loads(out.read_text())

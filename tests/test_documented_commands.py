@@ -3,7 +3,8 @@
 - each shipped config's header commands (`# Run: tftrain ...`, continued with `\\`);
 - README's `$ tftrain ...` examples, whose following lines are the output they must print;
 - the `make demo` recipe;
-- two of the check guide's `tftrain check` commands (`GUIDE_CHECKS`).
+- guides' commands on the data the headers converted (`GUIDE_COMMANDS`);
+- others, run where their subject is tested (tests/documented.py), are left to those tests.
 
 They run as the user runs them: each its own process entering `tftrain.cli.run` (the console
 script's entry point; forked from a server that imported TensorFlow once, `tests/forked_cli.py`;
@@ -23,8 +24,9 @@ import shlex
 import subprocess
 
 import pytest
+import yaml
 
-from tests import forked_cli
+from tests import documented, forked_cli
 from tests.conftest import REPO
 from tests.test_docs_commands import after_the_demo
 
@@ -142,15 +144,6 @@ def user_dir(tmp_path_factory):
 CONFIG_COMMANDS = [(os.path.basename(path), command)
                    for path in sorted(glob.glob(os.path.join(REPO, "configs", "*.yaml")))
                    for command in header_commands(path)]
-# Header commands that another test runs as written (but for its model_dir, its data.dir at the
-# session's data converted the default way, and more steps: it asks what the model learned) and
-# holds to what the test below asserts: {command: that test}. Run here too, the same command
-# would ask the same question twice.
-RUN_AS_WRITTEN_ELSEWHERE = {
-    "tftrain train --config=text_lm --model_dir=runs/text_lm_pipeline --strategy=pipeline":
-        "tests/test_pipeline.py::test_text_lm_on_two_stages_reaches_the_one_device_bar"}
-
-
 def check_target(config: str, args: list[str]) -> str:
     """The target kind that `tftrain check <args>` checks shipped `config` (a file name) on: its
     --target, else the one its config's runtime.strategy implies (as --target's help says: tpu,
@@ -214,21 +207,11 @@ def test_every_shipped_config_shows_how_to_run_it():
     assert shipped and shipped == {name for name, _ in CONFIG_COMMANDS}
 
 
-def test_header_commands_run_elsewhere_are_run_there_as_written():
-    from tests import test_pipeline
-
-    assert set(RUN_AS_WRITTEN_ELSEWHERE) <= {command for _, command in CONFIG_COMMANDS}
-    (pipeline,) = RUN_AS_WRITTEN_ELSEWHERE
-    assert test_pipeline.pipeline_command() == shlex.split(pipeline)
-    assert RUN_AS_WRITTEN_ELSEWHERE[pipeline].endswith(
-        test_pipeline.test_text_lm_on_two_stages_reaches_the_one_device_bar.__name__)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("config,command", [
     pytest.param(name, command, id=f"{name}:{i}")
     for i, (name, command) in enumerate(CONFIG_COMMANDS)
-    if command not in RUN_AS_WRITTEN_ELSEWHERE])
+    if command not in documented.RUN_BY])
 def test_config_header_command_runs_as_written(config, command, user_dir):
     result = run(command, user_dir, smaller=SMALLER.get(config))
     output = result.stdout + result.stderr
@@ -246,28 +229,73 @@ def test_config_header_command_runs_as_written(config, command, user_dir):
         assert_check_passes(result.stdout, result.stderr, target)
 
 
-# The check-and-doctor guide's `tftrain check` commands on data the headers above converted
-# (data/digits, data/lm_1b), in the same directory after them: as written (lm_1b on its
-# smaller model, as its header's checks).
-GUIDE_CHECKS = ["tftrain check --config=digits --target=multi_worker --replicas=2",
-                "tftrain check --config=lm_1b --target=cpu --json=plan.json"]
+# Guides' commands on data the headers above converted (data/digits, data/text_lm,
+# data/lm_1b), in the same directory after them, as written (lm_1b on its smaller model, as its
+# header's checks; a `train` with FEWER_STEPS): {command: the page that shows it}.
+GUIDE_COMMANDS = {
+    "tftrain check --config=digits --target=multi_worker --replicas=2":
+        "guides/check-and-doctor.md",
+    "tftrain check --config=lm_1b --target=cpu --json=plan.json": "guides/check-and-doctor.md",
+    "tftrain check --config=text_lm --target=gpu --gpu_type=a100-40gb --replicas=8 "
+    "--params_override=runtime.mixed_precision=mixed_bfloat16": "guides/lm-on-gpus.md",
+    "tftrain check --config=text_lm --target=multi_worker --replicas=16": "guides/lm-on-gpus.md",
+    "tftrain check --config=text_lm --params_override=runtime.strategy=pipeline "
+    "--json=plan.json": "guides/pipeline-stages.md",
+    "tftrain train --config=text_lm --model_dir=runs/text_lm_gpus --params_override="
+    "runtime.mixed_precision=mixed_bfloat16,data.batch_size=512": "guides/lm-on-gpus.md",
+    "tftrain train --config=text_lm --model_dir=runs/text_lm_1f1b --strategy=pipeline "
+    "--params_override=runtime.pipeline_stages=2,runtime.microbatches=8,"
+    "runtime.pipeline_schedule=1f1b,runtime.stage_rules=block_0_mlp_residual":
+        "guides/pipeline-stages.md",
+    "tftrain train --config=digits --model_dir=runs/demo --params_override='train.optimizer=sgd,"
+    "train.lr_schedule=cosine,train.warmup_steps=100,train.grad_accum_steps=4,"
+    "train.backup_every_steps=200'": "training.md",
+}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", GUIDE_CHECKS)
-def test_guide_check_command_runs_as_written(command, user_dir):
+@pytest.mark.parametrize("command", GUIDE_COMMANDS, ids=lambda command: command[8:70])
+def test_guide_command_runs_as_written(command, user_dir):
     from tests.test_docs_commands import COMMANDS_IN_DOCS
 
-    assert ("guides/check-and-doctor.md", command) in {
+    assert (GUIDE_COMMANDS[command], command) in {
         (page.split("docs/")[-1], c) for page, c in COMMANDS_IN_DOCS}, command
-    config = shlex.split(command)[2].split("=")[1] + ".yaml"
+    args = shlex.split(command)
+    config = args[2].split("=")[1] + ".yaml"
     (user_dir / "plan.json").unlink(missing_ok=True)  # the plan read below is this command's
     result = run(command, user_dir, smaller=SMALLER.get(config))
-    assert result.returncode == 0, f"{command}\n{(result.stdout + result.stderr)[-3000:]}"
-    assert_check_passes(result.stdout, result.stderr, check_target(config, shlex.split(command)))
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{command}\n{output[-3000:]}"
+    assert "Traceback" not in output
+    if args[1] == "check":
+        assert_check_passes(result.stdout, result.stderr, check_target(config, args))
     if "--json=" in command:
         plan = json.loads((user_dir / "plan.json").read_text())["memory"]
-        assert plan["fits"] and plan["remat"] and plan["bytes_per_device"] > 0, plan
+        assert plan["fits"] and plan["bytes_per_device"] > 0, plan
+        assert plan["remat"] == (config == "lm_1b.yaml"), plan
+        assert bool(plan.get("stages")) == ("runtime.strategy=pipeline" in command), plan
+    if args[1] == "train":
+        assert re.search(r"test split: .*accuracy=\d+\.\d+", result.stdout), output[-2000:]
+        run_dir = user_dir / next(a.split("=", 1)[1] for a in args if a.startswith("--model_dir="))
+        _assert_trained_as_written(command, json.loads((run_dir / "summary.json").read_text()),
+                                   yaml.safe_load((run_dir / "params.yaml").read_text()))
+
+
+def _assert_trained_as_written(command: str, summary: dict, params: dict) -> None:
+    """What the run's summary.json and params.yaml say of the settings `command` (one of
+    GUIDE_COMMANDS) asks for."""
+    if "mixed_bfloat16" in command:
+        assert summary["mixed_precision"] == "mixed_bfloat16", summary
+        assert params["data"]["batch_size"] == 512, params["data"]
+    if "runtime.stage_rules=block_0_mlp_residual" in command:
+        pipeline = summary["pipeline"]
+        assert (pipeline["schedule"], pipeline["microbatches"]) == ("1f1b", 8), pipeline
+        assert pipeline["stages"][0]["layers"][-1] == "block_0_mlp_residual", pipeline
+        assert pipeline["max_in_flight"] == [2, 1], pipeline
+    if "train.grad_accum_steps=4" in command:
+        assert summary["grad_accum_steps"] == 4, summary
+        assert (params["train"]["optimizer"], params["train"]["lr_schedule"],
+                params["train"]["warmup_steps"]) == ("sgd", "cosine", 100), params["train"]
 
 
 AFTER_DEMO = "runs/demo"  # README examples on the demo's run: checked after `make demo`

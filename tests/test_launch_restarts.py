@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from tests import documented
 from tests.launch_testutil import Running, pid_alive, wait_for_a_new_chief_backup, wait_gone
 from tftrain.callbacks.heartbeat import Heartbeat
 
@@ -44,10 +45,13 @@ def _parent(pid: int) -> int:
 def test_two_sigkills_are_healed_and_the_run_finishes(tmp_path, digits_dir):
     model_dir, weights, worker_tmp = tmp_path / "run", tmp_path / "weights", tmp_path / "worker_tmp"
     worker_tmp.mkdir()
-    run = Running(["launch", "--num_workers=2", "--max_restarts=2", "--hang_timeout=120",
-                   "--grace=5", f"--timeout={BOUND}", "--", "train", f"--model_dir={model_dir}",
-                   f"--params_override=train.epochs={EPOCHS},data.dir={digits_dir},"
-                   f"train.backup_every_steps={BACKUP_EVERY}"],
+    # The self-healing command of the docs as written, but for where it writes, the session's
+    # digits (converted as the default path converts them), fewer epochs and more backups.
+    args = documented.replaced(documented.args(
+        "tftrain launch --num_workers=2 --max_restarts=3 --hang_timeout=600 -- train "
+        "--config=digits --model_dir=runs/mw"), model_dir=str(model_dir))
+    run = Running([*args, f"--params_override=train.epochs={EPOCHS},data.dir={digits_dir},"
+                          f"train.backup_every_steps={BACKUP_EVERY}"],
                   cwd=tmp_path, env={"TFTRAIN_DUMP_WEIGHTS_DIR": str(weights),
                                      "TMPDIR": str(worker_tmp)})
     try:
@@ -58,7 +62,7 @@ def test_two_sigkills_are_healed_and_the_run_finishes(tmp_path, digits_dir):
         server = _parent(first[1])  # workers fork from one server that imported TensorFlow
         assert server != run.process.pid and _parent(server) == run.process.pid, run.output
         os.kill(first[1], signal.SIGKILL)
-        restart = run.wait_for_index(r"^\[launch\] .*; restart 1 of 2: ", 120, start=killed_at)
+        restart = run.wait_for_index(r"^\[launch\] .*; restart 1 of 3: ", 120, start=killed_at)
         # 2. The chief, in epoch 3 of the second attempt, once it has backed up a step of it
         #    (every BACKUP_EVERY steps).
         run.wait_for_index(r"^\[launch\] worker 1: pid", 60, start=restart)
@@ -74,15 +78,15 @@ def test_two_sigkills_are_healed_and_the_run_finishes(tmp_path, digits_dir):
     assert code == 0, run.tail()
     assert wait_gone(_all_pids(run))
     # Each restart is logged with its cause and where training was (from the heartbeats).
-    restarts = [line for line in run.lines if re.search(r"; restart \d of 2: ", line)]
+    restarts = [line for line in run.lines if re.search(r"; restart \d of 3: ", line)]
     assert len(restarts) == 2, run.output
     assert re.match(r"\[launch\] worker 1 was killed by SIGKILL at .* UTC "
                     r"\(.*worker 0 at epoch [12] .*\); "
-                    r"restart 1 of 2: starting all 2 workers again on fresh ports "
+                    r"restart 1 of 3: starting all 2 workers again on fresh ports "
                     r"\(the run resumes from its backup\)$", restarts[0]), restarts[0]
     assert re.match(r"\[launch\] worker 0 was killed by SIGKILL at .* UTC "
                     r"\(.*worker 0 at epoch [34] .*\); "
-                    r"restart 2 of 2: ", restarts[1]), restarts[1]
+                    r"restart 2 of 3: ", restarts[1]), restarts[1]
     assert "[launch] chief finished with exit code 0" in run.output
     assert len(_all_pids(run)) == 6  # three attempts of two workers
     # Each attempt resumed where the last backup was; the last one in epoch 3 or later.

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import yaml
 
+from tests import documented
 from tests.launch_testutil import Running
 from tftrain.runtime.launch import free_ports
 from tftrain.engine.export import saved_model_dir
@@ -27,8 +28,11 @@ def two_worker_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("two_workers")
     weights, worker_tmp = root / "weights", root / "worker_tmp"
     worker_tmp.mkdir()
-    run = Running(["launch", "--num_workers=2", f"--timeout={BOUND}", "--", "train",
-                   f"--model_dir={root / 'run'}", f"--params_override=train.epochs={EPOCHS}"],
+    # README's command as written, but for where it writes and fewer epochs.
+    args = documented.replaced(documented.args(
+        "tftrain launch --num_workers=2 -- train --config=digits --model_dir=runs/mw"),
+        model_dir=str(root / "run"))
+    run = Running([*args, f"--params_override=train.epochs={EPOCHS}"],
                   cwd=root, env={"TFTRAIN_DUMP_WEIGHTS_DIR": str(weights), "TMPDIR": str(worker_tmp)})
     try:
         code = run.wait(BOUND + 60)

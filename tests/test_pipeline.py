@@ -10,14 +10,13 @@ resume equal to an uninterrupted run) are at the end.
 import json
 import math
 import re
-import shlex
 import signal
 import types
 
 import numpy as np
 import pytest
 
-from tests import forked_cli
+from tests import documented, forked_cli
 from tests.conftest import REPO
 from tftrain.errors import ConfigError
 
@@ -284,15 +283,6 @@ def test_interleaved_trains_as_one_device_and_1f1b_in_a_graph_chained_per_device
     assert chained_per_stage(graph, pipeline_schedule.schedule("interleaved", 2, 2, 2), 2, 2)
 
 
-def interleaved_command() -> str:
-    """The pipeline guide's `interleaved` command, as a user copies it."""
-    from tests.test_docs_commands import COMMANDS_IN_DOCS
-
-    (command,) = {c for page, c in COMMANDS_IN_DOCS if page.endswith("pipeline-stages.md")
-                  and "runtime.pipeline_schedule=interleaved" in c}
-    return command
-
-
 def test_an_interleaved_run_records_its_chunks_and_their_adam_state(text_dir, tmp_path, cli):
     """The pipeline guide's `interleaved` command (2 stages x 2 chunks, 4 blocks, text_lm's
     Adam and 4 micro-batches) as written, but for where it writes, the session's text data and
@@ -303,10 +293,12 @@ def test_an_interleaved_run_records_its_chunks_and_their_adam_state(text_dir, tm
     from tests.test_documented_commands import with_override
 
     run = tmp_path / "run"
-    args = [a if not a.startswith("--model_dir=") else f"--model_dir={run}"
-            for a in shlex.split(interleaved_command())]
+    args = documented.replaced(documented.args(
+        "tftrain train --config=text_lm --strategy=pipeline --model_dir=runs/text_lm_interleaved "
+        "--params_override=model.params.num_layers=4,runtime.pipeline_schedule=interleaved,"
+        "runtime.virtual_stages=2"), model_dir=str(run))
     assert cli(*with_override(args, f"data.dir={text_dir},train.epochs=1,train.steps_per_epoch=3,"
-                                    "train.validation_steps=1,train.test_steps=1")[1:]) == 0
+                                    "train.validation_steps=1,train.test_steps=1")) == 0
     summary = json.loads((run / "summary.json").read_text())
     pipeline = summary["pipeline"]
     assert (pipeline["schedule"], pipeline["virtual_stages"]) == ("interleaved", 2)
@@ -370,32 +362,22 @@ def test_mixed_precision_trains_as_one_device_does(policy, tolerance):
 # --- through the CLI --------------------------------------------------------------------
 
 
-def pipeline_command() -> list[str]:
-    """text_lm's `Pipeline:` header command, as a user copies it."""
-    import os
-
-    from tests.test_documented_commands import header_commands
-
-    (command,) = [c for c in header_commands(os.path.join(REPO, "configs", "text_lm.yaml"))
-                  if "--strategy=pipeline" in c]
-    return shlex.split(command)
-
-
 def test_text_lm_on_two_stages_reaches_the_one_device_bar(text_dir, tmp_path, cli, capfd):
     """text_lm's `Pipeline:` header command, as written but for where it writes, the
     session's text data (converted as its default path converts it) and 2 epochs
-    (tests/test_documented_commands.py leaves this command to this test)."""
+    (tests/documented.py leaves this command to this test)."""
     from tests.test_language_model import unigram_perplexity
     from tftrain import config as config_lib
     from tftrain import tasks
     from tftrain.check import _shapes, memory
     from tftrain.rules.report import Target
 
-    args = pipeline_command()
     run = tmp_path / "run"
-    args = [a if not a.startswith("--model_dir=") else f"--model_dir={run}" for a in args]
+    args = documented.replaced(documented.args(
+        "tftrain train --config=text_lm --model_dir=runs/text_lm_pipeline --strategy=pipeline"),
+        model_dir=str(run))
     overrides = f"data.dir={text_dir},train.epochs=2"
-    assert cli(*args[1:], f"--params_override={overrides}") == 0
+    assert cli(*args, f"--params_override={overrides}") == 0
     out, err = capfd.readouterr()
     assert re.search(r"test split: .*accuracy=\d+\.\d+", out) and "Traceback" not in out + err
     summary = json.loads((run / "summary.json").read_text())

@@ -10,6 +10,7 @@ import tensorflow as tf
 from PIL import Image
 
 from pipelines import Row, load_pipeline
+from tests import documented
 from tests.pipeline_testutil import bad_row_reason, convert, load_all
 from tftrain.data import example_bytes
 from tftrain.errors import ConfigError, DataError
@@ -193,11 +194,26 @@ def test_workers_read_disjoint_shares_in_key_order(tmp_path):
     assert bad_row_reason(pipeline, Row("train/a/x", b""), info) == "empty file"
 
 
-def test_trains_on_a_converted_image_lmdb(tmp_path, cli):
+def test_trains_on_a_converted_image_lmdb(tmp_path, cli, monkeypatch):
+    """The pipelines page's lmdb command as written (in a fresh directory), on an environment
+    and a labels file generated here in place of the user's /data/faces_lmdb and
+    /data/faces_labels.csv; then a run trains on what it wrote."""
     images = class_images(per_class=40, seed=2)
-    db = make_db(tmp_path / "db", {key: png(pixels) for key, (pixels, _) in images.items()})
-    data = tmp_path / "data"
-    assert cli("convert", "--pipeline=lmdb", f"--input={db}", f"--output={data}", "--workers=1") == 0
+    db = make_db(tmp_path / "db", {f"face-{i:03d}": png(pixels)
+                                   for i, (pixels, _) in enumerate(images.values())})
+    labels = tmp_path / "labels.csv"
+    labels.write_text("key,label\n" + "".join(f"face-{i:03d},{name.split('/')[0]}\n"
+                                              for i, name in enumerate(images)))
+    monkeypatch.chdir(tmp_path)
+    args = documented.args(
+        "tftrain convert --pipeline=lmdb --input=/data/faces_lmdb --output=data/faces "
+        "--pipeline_options=labels=/data/faces_labels.csv,image_size=112")
+    assert cli(*[a.replace("/data/faces_lmdb", db).replace("/data/faces_labels.csv", str(labels))
+                 for a in args]) == 0
+    data = tmp_path / "data" / "faces"
+    info = json.loads((data / "dataset.json").read_text())["info"]
+    assert (info["image_size"], info["labels"]) == ([112, 112, 3], "file"), info
+    assert info["class_names"] == sorted(CLASSES), info
     assert cli("train", f"--model_dir={tmp_path / 'run'}",
                f"--params_override=data.dir={data},model.name=mlp,model.params={{hidden_units: [32]}},"
                "train.epochs=2,train.learning_rate=0.01") == 0

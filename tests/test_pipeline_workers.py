@@ -4,7 +4,7 @@ every batch, each stage's gradients summed over the workers by collectives of it
 (`tftrain.runtime.pipeline_workers`).
 
 One launch answers the questions, killed once: worker 1 is SIGKILLed in the second epoch after
-the chief's backup of one of its steps, `--max_restarts=1` starts both again, and the run
+the chief's backup of one of its steps, `--max_restarts=3` starts both again, and the run
 resumes from the chief's backup (the other worker writes none). Its weights on both workers are
 equal bit for bit, and equal one device's uninterrupted run of the same batches within 1e-5
 (deterministic, SGD, 2 micro-batches per worker); the metrics the
@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from tests import forked_cli
+from tests import documented, forked_cli
 from tests.launch_testutil import Running, wait_for_a_new_chief_backup, wait_gone
 from tftrain import config as config_lib
 from tftrain.data.reader import WorkerSlice
@@ -54,11 +54,13 @@ def killed_and_resumed(tmp_path_factory, text_dir):
     root = tmp_path_factory.mktemp("pipeline_workers")
     worker_tmp = root / "worker_tmp"
     worker_tmp.mkdir()
+    # The pipeline guide's command as written, but for where it writes, the session's text data
+    # and OVERRIDES (a smaller model, SGD and deterministic ops: comparable with one device).
+    args = documented.replaced(documented.args(
+        "tftrain launch --num_workers=2 --max_restarts=3 -- train --config=text_lm "
+        "--model_dir=runs/text_lm_workers --strategy=pipeline"), model_dir=str(root / "run"))
     overrides = f"--params_override=data.dir={text_dir},{OVERRIDES}"
-    run = Running(["launch", "--num_workers=2", "--max_restarts=1", "--grace=5",
-                   f"--timeout={BOUND}", "--", "train", "--config=text_lm",
-                   f"--model_dir={root / 'run'}", "--strategy=pipeline",
-                   f"{overrides},train.backup_every_steps=1"],
+    run = Running([*args, f"{overrides},train.backup_every_steps=1"],
                   cwd=root, env={"TFTRAIN_DUMP_WEIGHTS_DIR": str(root / "weights"),
                                  "TMPDIR": str(worker_tmp)})
     pids = []
@@ -79,7 +81,7 @@ def test_the_run_heals_and_resumes_from_the_chiefs_backup(killed_and_resumed):
     run, code = killed_and_resumed["run"], killed_and_resumed["code"]
     assert code == 0, run.tail()
     assert wait_gone(killed_and_resumed["pids"]) and len(killed_and_resumed["pids"]) == 4
-    assert re.search(r"^\[launch\] worker 1 was killed by SIGKILL at .*; restart 1 of 1: ",
+    assert re.search(r"^\[launch\] worker 1 was killed by SIGKILL at .*; restart 1 of 3: ",
                      run.output, re.M), run.output
     resumed = re.findall(r"^\[worker (\d)\] .*resumed from epoch 2 step (\d+) ", run.output, re.M)
     assert sorted(worker for worker, _ in resumed) == ["0", "1"], run.output

@@ -15,7 +15,7 @@ DTensor layouts, sharded optimizer state); when it does not fit, the cheapest ch
 would, each with its planned bytes. --json=PATH writes the findings and the plan as JSON.
 Example: tftrain check --config=digits_tpu --params_override=data.dir=data/digits --target=tpu
          --tpu_type=v4 --tpu_cores=4
-         tftrain check --config=lm_1b --target=gpu --gpu_type=h100-80gb --replicas=8 --json=plan.json
+         tftrain check --config=lm_1b --target=gpu --gpu_type=h100-80gb --replicas=8 --params_override=data.batch_size=64
 """
 from absl import flags
 

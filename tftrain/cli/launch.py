@@ -9,7 +9,7 @@ workers and starts them again on fresh ports, up to K times; `train` resumes fro
 its summary.json counts the restarts.
 The gRPC servers of the workers have no authentication: on a real cluster keep them on a
 private network.
-Example: tftrain launch --num_workers=2 --timeout=900 -- train --config=digits --model_dir=runs/mw
+Example: tftrain launch --num_workers=2 -- train --config=digits --model_dir=runs/mw
 Self-healing: tftrain launch --num_workers=2 --max_restarts=3 --hang_timeout=600 -- train ...
 """
 from absl import flags

@@ -1,0 +1,61 @@
+"""Documented commands that a test of their own subject runs as written.
+
+A command of README.md, docs/ or a config header whose question another test already asks
+(a launch that heals, a Beam conversion, pipeline stages on two workers) runs there, once, as
+the user copies it: the test takes its arguments from `args(COMMAND)`, with COMMAND the text
+the docs show, and changes only what it states next to the call (where it writes, the
+session's data converted the default way, fewer steps; a paths' input the test generates;
+for a few, a smaller model so that the run can be compared with one device's).
+tests/test_docs_commands.py counts these as run, checks that each is still shown and that the
+test named here calls `args` with it; tests/test_documented_commands.py does not run them
+again.
+"""
+import shlex
+
+# {command as shown: "tests/test_file.py::the test or fixture that calls args(command)"}
+RUN_BY = {
+    "tftrain train --config=text_lm --model_dir=runs/text_lm_pipeline --strategy=pipeline":
+        "tests/test_pipeline.py::test_text_lm_on_two_stages_reaches_the_one_device_bar",
+    "tftrain train --config=text_lm --strategy=pipeline --model_dir=runs/text_lm_interleaved "
+    "--params_override=model.params.num_layers=4,runtime.pipeline_schedule=interleaved,"
+    "runtime.virtual_stages=2":
+        "tests/test_pipeline.py::test_an_interleaved_run_records_its_chunks_and_their_adam_state",
+    "tftrain launch --num_workers=2 -- train --config=digits --model_dir=runs/mw":
+        "tests/test_multiworker.py::two_worker_run",
+    "tftrain launch --num_workers=2 --max_restarts=3 --hang_timeout=600 -- train "
+    "--config=digits --model_dir=runs/mw":
+        "tests/test_launch_restarts.py::test_two_sigkills_are_healed_and_the_run_finishes",
+    "tftrain launch --num_workers=2 --max_restarts=3 -- train --config=text_lm "
+    "--model_dir=runs/text_lm_workers --strategy=pipeline":
+        "tests/test_pipeline_workers.py::killed_and_resumed",
+    "tftrain doctor --config=digits --params_override=data.cache=decoded --json=doctor.json":
+        "tests/test_doctor.py::test_compute_bound_run_says_so_and_suggests_nothing_for_the_input",
+    "tftrain convert --pipeline=digits --output=data/digits --runner=beam "
+    "--beam_options='--runner=DirectRunner --direct_num_workers=2'":
+        "tests/test_convert_beam.py::test_beam_cli_and_errors",
+    "tftrain convert --pipeline=lmdb --input=/data/faces_lmdb --output=data/faces "
+    "--pipeline_options=labels=/data/faces_labels.csv,image_size=112":
+        "tests/test_pipeline_lmdb.py::test_trains_on_a_converted_image_lmdb",
+}
+
+
+def args(command: str) -> list[str]:
+    """The arguments after `tftrain` of `command`, a documented command listed in `RUN_BY`."""
+    assert command in RUN_BY, f"list {command!r} in tests/documented.py's RUN_BY"
+    words = shlex.split(command)
+    assert words[0] == "tftrain", command
+    return words[1:]
+
+
+def replaced(arguments: list[str], **values: str) -> list[str]:
+    """`arguments` with each `--name=...` given in `values` set to its value instead (a flag
+    the command does not give is an error: the test would not run the command as written)."""
+    result, found = [], set()
+    for arg in arguments:
+        name = arg[2:].partition("=")[0] if arg.startswith("--") else None
+        if name in values:
+            found.add(name)
+            arg = f"--{name}={values[name]}"
+        result.append(arg)
+    assert found == set(values), f"{sorted(set(values) - found)} not in {arguments}"
+    return result
