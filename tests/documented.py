@@ -28,6 +28,8 @@ RUN_BY = {
     "tftrain launch --num_workers=2 --max_restarts=3 -- train --config=text_lm "
     "--model_dir=runs/text_lm_workers --strategy=pipeline":
         "tests/test_pipeline_workers.py::killed_and_resumed",
+    "tftrain doctor --config=digits_dtensor":
+        "tests/test_dtensor.py::test_doctor_measures_a_dtensor_run",
     "tftrain doctor --config=digits --params_override=data.cache=decoded --json=doctor.json":
         "tests/test_doctor.py::test_compute_bound_run_says_so_and_suggests_nothing_for_the_input",
     "tftrain convert --pipeline=digits --output=data/digits --runner=beam "
