@@ -14,6 +14,28 @@ import shlex
 
 # {command as shown: "tests/test_file.py::the test or fixture that calls args(command)"}
 RUN_BY = {
+    "tftrain train --config=diabetes --model_dir=runs/diabetes":
+        "tests/test_regression.py::test_mlp_on_diabetes_is_within_10_percent_of_ridge",
+    "tftrain evaluate --model=runs/diabetes/export --data=data/diabetes --split=test":
+        "tests/test_regression.py::test_mlp_on_diabetes_is_within_10_percent_of_ridge",
+    "tftrain quantize --model_dir=runs/diabetes --mode=dynamic,float16":
+        "tests/test_regression.py::test_mlp_on_diabetes_is_within_10_percent_of_ridge",
+    "tftrain train --config=text_classification --model_dir=runs/text_classification":
+        "tests/test_text_classification.py::text_run",
+    "tftrain evaluate --model=runs/text_classification/export --data=data/text_classification "
+    "--split=test": "tests/test_text_classification.py::test_tftrain_evaluate_on_the_export",
+    "tftrain train --config=text_lm_subword --model_dir=runs/text_lm_subword":
+        "tests/test_subwords.py::subword_run",
+    "tftrain evaluate --model=runs/text_lm_subword/export --data=data/text_lm_subword "
+    "--split=test": "tests/test_subwords.py::test_evaluate_and_generate_on_subwords",
+    'tftrain generate --model_dir=runs/text_lm_subword --prompt="The " --max_tokens=40 --seed=1':
+        "tests/test_subwords.py::test_evaluate_and_generate_on_subwords",
+    "tftrain train --config=text_lm --model_dir=runs/text_lm": "tests/shared_runs.py::text_lm_run",
+    'tftrain generate --model_dir=runs/text_lm --prompt="The " --max_tokens=80 --seed=1':
+        "tests/test_language_model.py::test_generate_continues_the_prompt_greedily_and_by_sampling",
+    "tftrain evaluate --model=runs/text_lm/export --data=data/text_lm --split=test":
+        "tests/test_language_model.py::"
+        "test_the_export_loads_predicts_and_evaluates_with_the_task_metrics",
     "tftrain train --config=text_lm --model_dir=runs/text_lm_pipeline --strategy=pipeline":
         "tests/test_pipeline.py::test_text_lm_on_two_stages_reaches_the_one_device_bar",
     "tftrain train --config=text_lm --strategy=pipeline --model_dir=runs/text_lm_interleaved "

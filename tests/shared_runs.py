@@ -20,6 +20,8 @@ from typing import Callable
 
 import pytest
 
+from tests import documented
+
 BUILT = ".built"
 
 
@@ -73,9 +75,11 @@ def text_lm_run(text_dir, tmp_path_factory) -> Path:
     def build(directory: Path) -> None:
         from tests.conftest import run_cli
 
-        assert run_cli("train", "--config=text_lm", f"--model_dir={directory / 'run'}",
-                       f"--params_override=data.dir={text_dir},train.epochs=1,"
-                       "train.steps_per_epoch=60") == 0
+        args = documented.replaced(documented.args(  # text_lm's `Run:` header command
+            "tftrain train --config=text_lm --model_dir=runs/text_lm"),
+            model_dir=str(directory / "run"))
+        assert run_cli(*args, f"--params_override=data.dir={text_dir},train.epochs=1,"
+                              "train.steps_per_epoch=60") == 0
 
     run = built_once(tmp_path_factory, "text_lm_run", build) / "run"
     trained_on = json.loads((run / "summary.json").read_text())["data_dir"]

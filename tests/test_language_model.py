@@ -15,6 +15,7 @@ import yaml
 from pipelines import load_pipeline
 from pipelines.text import (END_ID, FIRST_TOKEN_ID, OOV_ID, Characters, build_vocabulary,
                            embedded_text)
+from tests import documented
 from tests.conftest import run_cli
 from tests.pipeline_testutil import convert, load_all
 from tests.shared_runs import text_lm_run  # noqa: F401  (a fixture)
@@ -171,8 +172,9 @@ def test_the_export_loads_predicts_and_evaluates_with_the_task_metrics(lm_run, t
     capsys.readouterr()
     own = tmp_path / "run"  # the run is shared read-only: its export, copied, gets the result
     shutil.copytree(lm_run / "export", own / "export")
-    assert cli("evaluate", f"--model={own / 'export'}", f"--data={text_dir}",
-               "--split=test") == 0
+    args = documented.args(  # text_lm's `Evaluate:` header command
+        "tftrain evaluate --model=runs/text_lm/export --data=data/text_lm --split=test")
+    assert cli(*documented.replaced(args, model=str(own / "export"), data=str(text_dir))) == 0
     evaluated = json.loads((own / "eval_test.json").read_text())  # beside the export
     summary = json.loads((lm_run / "summary.json").read_text())
     assert evaluated["task"] == "language_model"
@@ -207,6 +209,12 @@ def test_generate_continues_the_prompt_greedily_and_by_sampling(lm_run, cli, cap
     assert texts[1] == texts[2]  # a seed gives the same text
     for text in texts:  # 40 characters, fewer when the model ends the document first
         assert text.startswith("The ") and len("The ") < len(text) <= len("The ") + 40
+    capsys.readouterr()
+    args = documented.args(  # text_lm's `Generate:` header command
+        'tftrain generate --model_dir=runs/text_lm --prompt="The " --max_tokens=80 --seed=1')
+    assert cli(*documented.replaced(args, model_dir=str(lm_run))) == 0
+    text = capsys.readouterr().out[:-1]
+    assert text.startswith("The ") and len("The ") < len(text) <= len("The ") + 80
 
 
 @pytest.mark.parametrize("case", ["no_run", "not_lm", "empty_prompt"])

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 import yaml
 
+from tests import documented
 from tests.conftest import run_cli
-from tftrain import config as config_lib
-from tftrain.engine import train
 from tftrain.data import load
 
 
@@ -109,15 +108,18 @@ def test_the_quantize_gate_is_the_relative_rmse_increase(csv_run, capsys):
                    "--max_accuracy_drop=0") == 0
 
 
-def test_mlp_on_diabetes_is_within_10_percent_of_ridge(tmp_path, capsys):
-    """The shipped config (shortened to the same 660 steps in 6 longer epochs) against a Ridge
-    regression fitted on the same train split and scored on the same test split."""
+def test_mlp_on_diabetes_is_within_10_percent_of_ridge(tmp_path, capsys, monkeypatch):
+    """The config's `Run:` header command as written, in a fresh directory (shortened to the
+    same 660 steps in 6 longer epochs), against a Ridge regression fitted on the same train
+    split and scored on the same test split; then its `Evaluate:` and `Quantize:` commands on
+    the run, as written."""
     from sklearn.linear_model import Ridge
 
-    data = tmp_path / "diabetes"
-    config = config_lib.build_config("diabetes", overrides=(
-        f"data.dir={data},train.epochs=6,train.steps_per_epoch=110"))
-    summary = train.train(config, str(tmp_path / "run"))
+    monkeypatch.chdir(tmp_path)  # a fresh directory: data/diabetes converted on first use
+    data, run = tmp_path / "data/diabetes", tmp_path / "runs/diabetes"
+    assert run_cli(*documented.args("tftrain train --config=diabetes --model_dir=runs/diabetes"),
+                   "--params_override=train.epochs=6,train.steps_per_epoch=110") == 0
+    summary = json.loads((run / "summary.json").read_text())
     x_train, y_train = _arrays(str(data), "train")
     x_test, y_test = _arrays(str(data), "test")
     ridge = Ridge(alpha=1.0).fit(x_train, y_train)
@@ -128,3 +130,12 @@ def test_mlp_on_diabetes_is_within_10_percent_of_ridge(tmp_path, capsys):
               f"Ridge {ridge_rmse:.2f}, {len(y_test)} test / {len(y_train)} train rows")
     assert summary["task"]["type"] == "regression"
     assert rmse <= 1.10 * ridge_rmse, (rmse, ridge_rmse)
+    assert run_cli(*documented.args(
+        "tftrain evaluate --model=runs/diabetes/export --data=data/diabetes --split=test")) == 0
+    assert json.loads((run / "eval_test.json").read_text())["rmse"] == pytest.approx(rmse,
+                                                                                      rel=1e-4)
+    assert run_cli(*documented.args(
+        "tftrain quantize --model_dir=runs/diabetes --mode=dynamic,float16")) == 0
+    for mode in ("dynamic", "float16"):  # each within the gate's relative RMSE increase
+        report = json.loads((run / "quantized" / f"report_{mode}.json").read_text())
+        assert report["rmse"] <= 1.05 * rmse, report

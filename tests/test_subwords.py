@@ -16,7 +16,7 @@ import pytest
 
 from pipelines import subwords
 from pipelines.text import END_ID, embedded_text
-from tests import forked_cli
+from tests import documented, forked_cli
 from tests.conftest import REPO
 from tests.pipeline_testutil import load_all
 
@@ -40,10 +40,12 @@ def tftrain(*args, cwd=REPO, check=True):
 
 @pytest.fixture(scope="module")
 def subword_run(tmp_path_factory):
-    """`tftrain train --config=text_lm_subword` run as its header shows, from a fresh
-    directory (it converts the embedded text on first use), with fewer steps."""
+    """text_lm_subword's `Run:` header command as written, from a fresh directory (it
+    converts the embedded text on first use), with fewer steps; its `Evaluate:` and
+    `Generate:` commands run on it below, as written."""
     cwd = tmp_path_factory.mktemp("user")
-    tftrain("train", "--config=text_lm_subword", "--model_dir=runs/text_lm_subword",
+    tftrain(*documented.args("tftrain train --config=text_lm_subword "
+                             "--model_dir=runs/text_lm_subword"),
             "--params_override=train.epochs=1,train.steps_per_epoch=20", cwd=cwd)
     return cwd
 
@@ -102,14 +104,19 @@ def test_evaluate_and_generate_on_subwords(subword_run):
     # 1024, where the untrained model starts): 281 measured after the 20 steps.
     assert evaluated["perplexity"] == pytest.approx(np.exp(evaluated["loss"]), rel=1e-4)
     assert 1 < evaluated["perplexity"] < manifest["info"]["vocab_size"] / 2, evaluated
-    shown = tftrain("evaluate", "--model=runs/text_lm_subword/export",
-                    "--data=data/text_lm_subword", "--split=test", cwd=subword_run).stdout
+    shown = tftrain(*documented.args("tftrain evaluate --model=runs/text_lm_subword/export "
+                                     "--data=data/text_lm_subword --split=test"),
+                    cwd=subword_run).stdout
     # The export evaluated alone: the perplexity the run measured on the same split.
     printed = float(re.search(r"perplexity=([\d.]+)", shown).group(1))
     assert printed == pytest.approx(evaluated["perplexity"], rel=1e-3), shown
     text = tftrain("generate", "--model_dir=runs/text_lm_subword", "--prompt=The naïve ",
                    "--max_tokens=30", "--temperature=0", cwd=subword_run).stdout
     assert text.startswith("The naïve ") and len(text) > len("The naïve ") + 10
+    text = tftrain(*documented.args('tftrain generate --model_dir=runs/text_lm_subword '
+                                    '--prompt="The " --max_tokens=40 --seed=1'),
+                   cwd=subword_run).stdout
+    assert text.startswith("The ") and len(text) > len("The ") + 10
 
 
 def test_a_users_text_directory_keeps_its_splits_and_fits_on_training_text_only(tmp_path):

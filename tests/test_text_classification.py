@@ -11,25 +11,26 @@ import numpy as np
 import pytest
 
 from pipelines.jsonl import EMBEDDED_CLASSES, EMBEDDED_PER_CLASS, embedded_records
+from tests import documented
 from tests.conftest import run_cli
 from tests.pipeline_testutil import load_all
-from tftrain import config as config_lib
-from tftrain.engine import export, train
+from tftrain.engine import export
 
 CHANCE = 1 / len(EMBEDDED_CLASSES)
 
 
 @pytest.fixture(scope="module")
 def text_run(tmp_path_factory):
-    """The shipped config, trained for 1 of its 5 epochs (37 steps of 64 names); its dataset
-    converted by the default path (no dataset yet: the embedded records). Returns (run dir,
-    data dir)."""
+    """The config's `Run:` header command as written, in a fresh directory, for 1 of its 5
+    epochs (37 steps of 64 names); its dataset converted by the default path (no dataset yet:
+    the embedded records). Returns (run dir, data dir)."""
     root = tmp_path_factory.mktemp("text_classification")
-    data_dir, run = root / "data", root / "run"
-    config = config_lib.build_config("text_classification",
-                                     overrides=f"data.dir={data_dir},train.epochs=1")
-    train.train(config, str(run))
-    return run, data_dir
+    args = documented.args(
+        "tftrain train --config=text_classification --model_dir=runs/text_classification")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(root)  # where the default path converts data/text_classification
+        assert run_cli(*args, "--params_override=train.epochs=1") == 0
+    return root / "runs/text_classification", root / "data/text_classification"
 
 
 def test_the_embedded_records_are_balanced_unicode_names():
@@ -80,7 +81,10 @@ def test_the_export_takes_raw_strings_and_gives_the_models_logits(text_run):
 def test_tftrain_evaluate_on_the_export(text_run, capsys):
     run, data_dir = text_run
     summary = json.loads((run / "summary.json").read_text())
-    assert run_cli("evaluate", f"--model={run / 'export'}", f"--data={data_dir}",
-                   "--split=test") == 0
+    args = documented.args(  # the config's `Evaluate:` header command
+        "tftrain evaluate --model=runs/text_classification/export "
+        "--data=data/text_classification --split=test")
+    assert run_cli(*documented.replaced(args, model=str(run / "export"),
+                                        data=str(data_dir))) == 0
     printed = capsys.readouterr().out
     assert f"accuracy={summary['eval']['accuracy']:.4f}" in printed, printed
