@@ -14,6 +14,8 @@ import shlex
 
 # {command as shown: "tests/test_file.py::the test or fixture that calls args(command)"}
 RUN_BY = {
+    "tftrain train --config=digits_dtensor":
+        "tests/test_dtensor.py::test_digits_dtensor_resume_export_and_optimize",
     "tftrain train --config=diabetes --model_dir=runs/diabetes":
         "tests/test_regression.py::test_mlp_on_diabetes_is_within_10_percent_of_ridge",
     "tftrain evaluate --model=runs/diabetes/export --data=data/diabetes --split=test":

@@ -244,8 +244,9 @@ def interrupted_then_resumed(command: list, run) -> dict:
 
 def test_digits_dtensor_resume_export_and_optimize(cli, tmp_path, digits_dir, capsys):
     run = tmp_path / "run"
-    command = ["train", "--config=digits_dtensor",
-               "--mesh=batch:2,model:2", f"--model_dir={run}",
+    # digits_dtensor's `Run:` header command as written (its 2x2 mesh is the config's), with
+    # where it writes, the session's digits and 4 epochs.
+    command = [*documented.args("tftrain train --config=digits_dtensor"), f"--model_dir={run}",
                f"--params_override=data.dir={digits_dir},train.epochs=4"]
     summary = interrupted_then_resumed(command, run)
     assert summary["strategy"] == "dtensor" and summary["num_replicas"] == 2
