@@ -14,6 +14,8 @@ import shlex
 
 # {command as shown: "tests/test_file.py::the test or fixture that calls args(command)"}
 RUN_BY = {
+    "tftrain train --config=digits --strategy=mirrored --params_override=runtime.cpu_devices=2":
+        "tests/test_train_digits.py::test_new_run_dir_and_mirrored_on_two_cpus",
     "tftrain train --config=digits_dtensor":
         "tests/test_dtensor.py::test_digits_dtensor_resume_export_and_optimize",
     "tftrain train --config=diabetes --model_dir=runs/diabetes":

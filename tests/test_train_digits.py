@@ -6,6 +6,8 @@ import tensorflow as tf
 import tf_keras as keras
 import yaml
 
+from tests import documented
+from tests.test_documented_commands import with_override
 from tftrain.engine.export import saved_model_dir
 
 
@@ -55,9 +57,9 @@ def test_digits_end_to_end(cli, tmp_path, monkeypatch, capsys):
 
 def test_new_run_dir_and_mirrored_on_two_cpus(cli, tmp_path, monkeypatch, capsys, digits_dir):
     monkeypatch.chdir(tmp_path)
-    assert cli("train", "--strategy=mirrored",
-               f"--params_override=runtime.cpu_devices=2,train.epochs=1,data.dir={digits_dir},"
-               "model.params={filters: [8], dense_units: 16}") == 0
+    args = documented.args(  # the digits header's mirrored command, as written but 1 epoch
+        "tftrain train --config=digits --strategy=mirrored --params_override=runtime.cpu_devices=2")
+    assert cli(*with_override(args, f"train.epochs=1,data.dir={digits_dir}")) == 0
     out = capsys.readouterr().out
     run = out.split("run directory: ")[1].split()[0]
     assert run.startswith("runs/digits-")
