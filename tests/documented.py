@@ -14,6 +14,9 @@ import shlex
 
 # {command as shown: "tests/test_file.py::the test or fixture that calls args(command)"}
 RUN_BY = {
+    "tftrain data_service --dispatcher --port=5050": "tests/test_data_service.py::service",
+    "tftrain data_service --worker --dispatcher_address=localhost:5050":
+        "tests/test_data_service.py::service",
     "tftrain train --config=digits --strategy=mirrored --params_override=runtime.cpu_devices=2":
         "tests/test_train_digits.py::test_new_run_dir_and_mirrored_on_two_cpus",
     "tftrain train --config=digits_dtensor":

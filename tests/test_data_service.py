@@ -7,6 +7,7 @@ import signal
 
 import pytest
 
+from tests import documented
 from tests.launch_testutil import Running
 from tftrain import config as config_lib
 from tftrain.data import service as data_service
@@ -18,16 +19,19 @@ START = 120  # seconds a server may take to start on a loaded machine
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    """A dispatcher and one worker, each its own `tftrain data_service` process."""
+    """A dispatcher and one worker, each its own `tftrain data_service` process: the scale-out
+    page's two commands as written, but on a free port instead of 5050."""
     cwd = tmp_path_factory.mktemp("data_service")
     (port,) = free_ports(1)
-    dispatcher = Running(["data_service", "--dispatcher", f"--port={port}"], cwd=cwd)
+    dispatcher = Running(documented.replaced(documented.args(
+        "tftrain data_service --dispatcher --port=5050"), port=str(port)), cwd=cwd)
     worker = None
     try:
         dispatcher.wait_for_line(r"^dispatcher: grpc://", START)
-        worker = Running(["data_service", "--worker", f"--dispatcher_address=127.0.0.1:{port}"],
-                         cwd=cwd)
-        worker.wait_for_line(r"^worker: .* -> dispatcher 127.0.0.1", START)
+        worker = Running(documented.replaced(documented.args(
+            "tftrain data_service --worker --dispatcher_address=localhost:5050"),
+            dispatcher_address=f"localhost:{port}"), cwd=cwd)
+        worker.wait_for_line(r"^worker: .* -> dispatcher localhost", START)
         dispatcher.wait_for_line(r"dispatcher has 1 worker\(s\)", START)
         yield f"127.0.0.1:{port}", dispatcher, worker
         for server in (worker, dispatcher):

@@ -4,7 +4,7 @@ overrides: a renamed flag or config key fails here, not in a user's terminal.
 
 These are checked, not run, here; `run_by_tests` says which tests run them as written, and
 the rest are listed, with why, in docs/testing.md (TPU and GPU hosts, a bucket, a download, a
-server that runs until stopped, a user's own files).
+user's own files).
 """
 import ast
 import glob
