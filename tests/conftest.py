@@ -182,7 +182,9 @@ LONGEST_FIRST = ("test_documented_commands.py", "test_pipeline.py", "test_multiw
                  "test_launch_restarts.py", "test_remat.py", "test_fault_injection.py",
                  "test_exact_resume.py", "test_own_data_guide.py", "test_fuzz.py", "test_wheel.py",
                  "test_dtensor.py", "test_check.py", "test_dtensor_transformer.py",
-                 "test_applications.py", "test_language_model.py")
+                 "test_applications.py", "test_language_model.py", "test_optimize_cli.py",
+                 "test_pipeline_workers.py", "test_big_quantize.py", "test_subwords.py",
+                 "test_regression.py")
 
 
 def pytest_collection_modifyitems(config, items):
