@@ -4,8 +4,9 @@ A command of README.md, docs/ or a config header whose question another test alr
 (a launch that heals, a Beam conversion, pipeline stages on two workers) runs there, once, as
 the user copies it: the test takes its arguments from `args(COMMAND)`, with COMMAND the text
 the docs show, and changes only what it states next to the call (where it writes, the
-session's data converted the default way, fewer steps; a paths' input the test generates;
-for a few, a smaller model so that the run can be compared with one device's).
+session's data converted the default way, fewer steps; files the test generates in place of
+a user's paths; a free port; for pipeline stages on two workers, a smaller model, so that the
+run can be compared with one device's).
 tests/test_docs_commands.py counts these as run, checks that each is still shown and that the
 test named here calls `args` with it; tests/test_documented_commands.py does not run them
 again.
