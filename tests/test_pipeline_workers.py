@@ -141,6 +141,25 @@ def test_every_reduction_has_a_collective_instance_of_its_own():
     assert not workers.chief and pipeline_workers.Workers(2, 0).chief
 
 
+def test_a_batch_that_does_not_split_is_refused_before_the_collectives_start(monkeypatch):
+    """Every worker stops at the config error at once: none has started the collective
+    runtime, so none waits on a peer that has stopped."""
+    from tftrain.engine.pipeline_backend import PipelineBackend
+
+    def started(runtime):
+        raise AssertionError("the collective runtime started before the config was checked")
+
+    monkeypatch.setattr(pipeline_workers, "start", started)
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+        "task": {"type": "worker", "index": 1}}))
+    config = config_lib.build_config("text_lm", {}, "runtime.strategy=pipeline,"
+                                     "runtime.microbatches=4,data.batch_size=12")
+    with pytest.raises(ConfigError, match=r"data.batch_size=12 must split over 2 workers x "
+                                          r"runtime.pipeline_replicas=1 x runtime.microbatches=4"):
+        PipelineBackend(config)
+
+
 def test_the_batch_must_split_over_the_workers_replicas_and_micro_batches():
     config = config_lib.build_config("text_lm", {}, "runtime.strategy=pipeline,"
                                      "runtime.pipeline_replicas=2,runtime.microbatches=4,"

@@ -23,7 +23,7 @@ from tftrain.data import reader
 from tftrain.engine import backends, determinism, run_memory
 from tftrain.errors import ConfigError
 from tftrain.runtime import pipeline_model, pipeline_schedule, pipeline_stages
-from tftrain.runtime import pipeline_workers
+from tftrain.runtime import cluster, pipeline_workers
 from tftrain.training import optimizers
 
 
@@ -36,6 +36,8 @@ class PipelineBackend(backends.StrategyBackend):
         pipeline_schedule.check(runtime.pipeline_schedule, runtime.pipeline_stages,
                                 runtime.microbatches, runtime.virtual_stages)
         self.devices = pipeline_stages.devices(config.runtime)
+        # Refused before the collectives start: each worker stops at once, none waits on a peer.
+        _check_split_over_workers(config, cluster.use(runtime.cluster).num_workers)
         self.workers = pipeline_workers.start(config.runtime)  # None on one machine
         super().__init__(config, tf.distribute.get_strategy(), jit_compile=False)
         self.name = "pipeline"
@@ -43,7 +45,6 @@ class PipelineBackend(backends.StrategyBackend):
         self.chief = self.workers is None or self.workers.chief
         self.backs_up = self.chief  # the others' variables are theirs alone, equal to the chief's
         self.num_replicas = config.runtime.pipeline_replicas * self.num_workers  # data-parallel
-        _check_split_over_workers(config, self.num_workers)
         self.device_type = "GPU" if "GPU" in self.devices[0] else "CPU"
         self.num_devices = len(self.devices) * self.num_workers
         self._stages: list = []
