@@ -5,8 +5,9 @@ A command of README.md, docs/ or a config header whose question another test alr
 the user copies it: the test takes its arguments from `args(COMMAND)`, with COMMAND the text
 the docs show, and changes only what it states next to the call (where it writes, the
 session's data converted the default way, fewer steps; files the test generates in place of
-a user's paths; a free port; for pipeline stages on two workers, a smaller model, so that the
-run can be compared with one device's).
+a user's paths; a free port; for two, another model size: pipeline stages on two workers a
+smaller one, so that the run can be compared with one device's, and digits_dtensor's doctor
+a wider one, so that its verdict is clear on a shared machine).
 tests/test_docs_commands.py counts these as run, checks that each is still shown and that the
 test named here calls `args` with it; tests/test_documented_commands.py does not run them
 again.

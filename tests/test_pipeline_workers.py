@@ -146,7 +146,7 @@ def test_a_batch_that_does_not_split_is_refused_before_the_collectives_start(mon
     runtime, so none waits on a peer that has stopped."""
     from tftrain.engine.pipeline_backend import PipelineBackend
 
-    def started(runtime):
+    def started(runtime, member):
         raise AssertionError("the collective runtime started before the config was checked")
 
     monkeypatch.setattr(pipeline_workers, "start", started)

@@ -36,9 +36,10 @@ class PipelineBackend(backends.StrategyBackend):
         pipeline_schedule.check(runtime.pipeline_schedule, runtime.pipeline_stages,
                                 runtime.microbatches, runtime.virtual_stages)
         self.devices = pipeline_stages.devices(config.runtime)
+        member = cluster.use(runtime.cluster)
         # Refused before the collectives start: each worker stops at once, none waits on a peer.
-        _check_split_over_workers(config, cluster.use(runtime.cluster).num_workers)
-        self.workers = pipeline_workers.start(config.runtime)  # None on one machine
+        _check_split_over_workers(config, member.num_workers)
+        self.workers = pipeline_workers.start(runtime, member)  # None on one machine
         super().__init__(config, tf.distribute.get_strategy(), jit_compile=False)
         self.name = "pipeline"
         self.num_workers = self.workers.count if self.workers else 1

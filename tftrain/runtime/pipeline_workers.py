@@ -71,11 +71,10 @@ class Workers:
             + slot
 
 
-def start(runtime) -> Workers | None:
+def start(runtime, member: cluster.Membership) -> Workers | None:
     """The workers of this run when its cluster has more than one (their collective runtime
-    started); None on one machine. Call after the stages' devices are configured."""
-    cluster.use(runtime.cluster)
-    member = cluster.membership()
+    started); None on one machine. `member` is this process's place in the cluster
+    (`cluster.use(runtime.cluster)`). Call after the stages' devices are configured."""
     if member.num_workers <= 1:
         return None
     distribute.multi_worker_mirrored(runtime)  # starts the collective runtime on every worker
