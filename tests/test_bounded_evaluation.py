@@ -29,8 +29,9 @@ def bounded_run(tmp_path_factory, digits_dir):
 
 def test_progress_lines_every_n_steps_without_a_tty(bounded_run):
     _, done = bounded_run
-    steps = [int(s) for s in re.findall(r"step (\d+)/40 loss=\d+\.\d{4} [\d,]+ examples/s "
-                                        r"mfu=\d+\.\d\d% ETA \d+", done.stderr)]
+    steps = [int(s) for s in re.findall(r"step (\d+)/40 loss=\d+\.\d{4} grad_norm=\d[\d.e+-]* "
+                                        r"[\d,]+ examples/s mfu=\d+\.\d\d% ETA \d+",
+                                        done.stderr)]
     assert steps == list(range(5, 41, 5)), done.stderr[-3000:]
 
 

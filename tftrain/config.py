@@ -8,6 +8,7 @@ the numbers involved. The resolved config is written to `model_dir/params.yaml`.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 from typing import Any
 
@@ -186,6 +187,10 @@ def validate(config: Config) -> None:
     if config.train.lr_min >= config.train.learning_rate and config.train.lr_schedule in ("cosine", "plateau"):
         raise ConfigError(f"train.lr_min ({config.train.lr_min}) must be below train.learning_rate "
                           f"({config.train.learning_rate}) for lr_schedule={config.train.lr_schedule}")
+    clip = config.train.clip_global_norm
+    if not (clip >= 0 and math.isfinite(clip)):
+        raise ConfigError(f"train.clip_global_norm must be a finite number >= 0 (0: off), got "
+                          f"{clip}; 1.0 is the usual value for language models")
     if not 0 < config.train.rollback_lr_factor < 1:
         raise ConfigError("train.rollback_lr_factor must be between 0 and 1 (the learning rate is "
                           f"multiplied by it at each rollback), got {config.train.rollback_lr_factor}")

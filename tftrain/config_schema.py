@@ -98,6 +98,9 @@ class TrainConfig:
     learning_rate: float = 1e-3  # the peak rate (after warmup)
     momentum: float = 0.9  # sgd only
     weight_decay: float = 0.0  # adamw only
+    # > 0: each update's gradients scaled down to this global norm (the whole model's, after
+    # the all-reduce and the loss scale); 0: measured (summary.json's `gradients`), not clipped
+    clip_global_norm: float = 0.0
     lr_schedule: str = "constant"  # constant | step | cosine | plateau
     warmup_steps: int = 0  # linear warmup from 0 (constant, step, cosine)
     lr_decay_epochs: int = 30  # step: multiply by lr_decay_rate every this many epochs
@@ -386,6 +389,12 @@ KEY_DOCS = {
     "train.learning_rate": "The peak learning rate (after warmup).",
     "train.momentum": "SGD's momentum.",
     "train.weight_decay": "AdamW's decoupled weight decay.",
+    "train.clip_global_norm": "> 0: each update's gradients are scaled down to at most this "
+                              "global norm (the whole model's: after the all-reduce over "
+                              "replicas and workers, without the loss scale, over every "
+                              "pipeline stage and DTensor shard, once per accumulated update); "
+                              "0: off. The norm is measured either way: `grad_norm` in the "
+                              "step logs and TensorBoard, `gradients` in `summary.json`.",
     "train.lr_schedule": "`constant`, `step`, `cosine` (each with linear warmup) or `plateau`.",
     "train.warmup_steps": "Linear warmup from 0 over this many steps (constant, step, cosine).",
     "train.lr_decay_epochs": "`step`: multiply the rate by `train.lr_decay_rate` every this "

@@ -1,6 +1,7 @@
 """The divergence guard: a NaN or Inf loss stops the run, or rolls it back (`train.on_nan`).
 
-What is checked: the training loss in the logs after every step (with `steps_per_execution`
+What is checked: the training loss and the gradients' global norm (`grad_norm`, from
+`callbacks.gradient_norm`) in the logs after every step (with `steps_per_execution`
 N > 1, after every N steps: that is all `fit` shows), the training and validation losses at
 each epoch end, and the weights before each backup is written (an update can turn the weights
 to NaN while the loss of that step is still finite): a backup, hence a resumed run, never
@@ -73,11 +74,14 @@ class DivergenceGuard(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         step = self._epoch * (self.params.get("steps") or 0) + batch + 1
         loss = float((logs or {}).get("loss", 0.0))  # waits for the step: the value is needed
-        if math.isfinite(loss):
-            self.last_finite = (step, loss)
+        norm = float((logs or {}).get("grad_norm", 0.0))  # `callbacks.gradient_norm`, if run
+        where = f"epoch {self._epoch + 1} step {batch + 1} (global step {step})"
+        if not math.isfinite(loss):
+            self._diverged(f"the training loss is {loss}", where)
+        elif not math.isfinite(norm):
+            self._diverged(f"the gradients' global norm is {norm}", where)
         else:
-            self._diverged(f"the training loss is {loss}",
-                           f"epoch {self._epoch + 1} step {batch + 1} (global step {step})")
+            self.last_finite = (step, loss)
 
     def on_epoch_end(self, epoch, logs=None):
         for key in ("loss", "val_loss"):
@@ -108,7 +112,8 @@ class DivergenceGuard(keras.callbacks.Callback):
         advice = ("set train.on_nan=rollback to restore the last backup with a lower rate and go on"
                   if self.mode == "stop" else "lower train.rollback_lr_factor")
         raise Diverged(f"training diverged{done}: {cause} at {where}; {last}; {kept}. Lower "
-                       f"train.learning_rate (or clip gradients), or {advice}.")
+                       "train.learning_rate (or clip the gradients: train.clip_global_norm=1.0), "
+                       f"or {advice}.")
 
     def _roll_back(self, cause: str, where: str, last: str) -> None:
         self.backup.wait()  # a backup still being written becomes the rollback point

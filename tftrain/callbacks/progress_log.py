@@ -1,7 +1,7 @@
 """Progress that speaks without a TTY: a line every `train.log_every_steps` steps (default:
-about every 30 seconds of training) naming the step, the loss, examples/s, the model FLOPs
-utilization (MFU, when the devices' peak is known) and the time left, and the same scalars in
-TensorBoard at the same steps.
+about every 30 seconds of training) naming the step, the loss, the gradients' global norm,
+examples/s, the model FLOPs utilization (MFU, when the devices' peak is known) and the time
+left, and the same scalars in TensorBoard at the same steps.
 
 Keras prints one line per epoch when stdout is not a terminal (a SLURM or Kubernetes job,
 `nohup`, CI), so on a large dataset nothing would be said until an epoch ends. The terminal's
@@ -49,17 +49,20 @@ class ProgressLog(keras.callbacks.Callback):
         due = (self._step - self._last_step >= self.every_steps if self.every_steps
                else elapsed >= self.every_seconds)
         if due and logs and "loss" in logs:
-            self._report(float(logs["loss"]), elapsed)
+            norm = logs.get("grad_norm")  # `callbacks.gradient_norm`, when it runs before
+            self._report(float(logs["loss"]), elapsed, None if norm is None else float(norm))
 
-    def _report(self, loss: float, elapsed: float) -> None:
+    def _report(self, loss: float, elapsed: float, grad_norm: float | None = None) -> None:
         step = self._step = int(self.model.optimizer.iterations.numpy())
         rate = (step - self._last_step) * self.examples_per_step / max(elapsed, 1e-9)
         left = max(0, self.total_steps - step) * self.examples_per_step / max(rate, 1e-9)
         self._last_step, self._last_time = step, time.monotonic()
         mfu = self.utilization.mfu(rate) if self.utilization else None
         if self.lines:
-            logging.info("step %d/%d loss=%.4f %s examples/s%s ETA %s", step, self.total_steps,
-                         loss, f"{rate:,.0f}", f" mfu={100 * mfu:.2f}%" if mfu is not None else "",
+            logging.info("step %d/%d loss=%.4f%s %s examples/s%s ETA %s", step,
+                         self.total_steps, loss,
+                         f" grad_norm={grad_norm:.4g}" if grad_norm is not None else "",
+                         f"{rate:,.0f}", f" mfu={100 * mfu:.2f}%" if mfu is not None else "",
                          duration(left))
         if self._writer is not None:
             with self._writer.as_default(step=step):

@@ -24,13 +24,14 @@ from tftrain.engine import backend_choice, hparams, run_memory
 from tftrain.engine.utilization import Utilization
 from tftrain.engine.prepare import prepare
 from tftrain.data import passes
-from tftrain.training import optimizers
+from tftrain.training import gradients, optimizers
 from tftrain.training.steps import StepPlan
 from tftrain.runtime import cluster, launch
 from tftrain.callbacks import backup as backup_lib
 from tftrain.callbacks import divergence, preemption, unfreeze
 from tftrain.callbacks.callback_state import CallbackState
 from tftrain.callbacks.divergence import DivergenceGuard
+from tftrain.callbacks.gradient_norm import GradientNormLog
 from tftrain.callbacks.curves import Curves
 from tftrain.callbacks.heartbeat import Heartbeat
 from tftrain.callbacks.learning_rate import LearningRateLogger
@@ -126,6 +127,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         eval={"split": config.data.test_split, **test_metrics}, validation=validation,
         evaluation=bounds_of(config.train), mixed_precision=run_.policy,
         grad_accum_steps=config.train.grad_accum_steps,
+        gradients=gradients.summary(trainer.optimizer),  # global norms, clipped updates
         resumed_from=list(backup.resumed_at) if backup.resumed_at else None,
         seconds_per_step=timer.seconds_per_step() if timer.timed else None,
         examples_per_second=rate, utilization=usage.confirmed(rate).summary(rate),
@@ -193,6 +195,7 @@ class RunSummary:
     evaluation: dict  # validation_steps, validation_every_steps, test_steps (0: whole, epochs)
     mixed_precision: str
     grad_accum_steps: int
+    gradients: dict  # clip_global_norm, last_norm, max_norm, clipped_steps, clipped_fraction
     resumed_from: list | None
     seconds_per_step: float | None
     examples_per_second: float | None
@@ -279,11 +282,13 @@ def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: S
     heartbeat = Heartbeat.from_env()  # only under `tftrain launch --hang_timeout`
     if heartbeat:
         callbacks.append(heartbeat)
-    # First: a NaN/Inf loss is acted on before any other callback sees the step.
+    # First: the step's gradient norm into its logs, then a NaN/Inf loss or norm is acted on
+    # before any other callback sees the step.
+    norm = GradientNormLog(join(model_dir, run_dir.LOGS, "train") if writes and chief else None)
     guard = DivergenceGuard(train_config.on_nan, backup, train_config.rollback_lr_factor,
                             train_config.max_rollbacks)
     # The model's own (`callbacks.unfreeze`) come next: before the backup, which builds nothing.
-    callbacks = [guard, *requested, *callbacks, backup,
+    callbacks = [norm, guard, *requested, *callbacks, backup,
                  preemption.PreemptionCallback(sigterm, backup)]
     backup.state = CallbackState(callbacks)  # their counters go into each backup
     return callbacks

@@ -197,7 +197,8 @@ def make_optimizer(train_config: config_lib.TrainConfig, plan, mesh, shard_state
     (given `mesh=`) whose updates DTensor applies exactly (`dtensor_optimizers`); with
     `shard_state` (runtime.shard_optimizer_state) its slots are split over `batch`."""
     lr = optimizers.make_schedule(train_config, plan.schedule_epoch_steps, plan.total_steps)
-    common = {"mesh": mesh, "shard_state": shard_state}
+    common = {"mesh": mesh, "shard_state": shard_state,
+              "clip_global_norm": train_config.clip_global_norm}
     if train_config.optimizer == "sgd":
         return dtensor_optimizers.SGD(lr, momentum=train_config.momentum, **common)
     if train_config.optimizer == "adamw":

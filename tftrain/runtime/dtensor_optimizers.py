@@ -28,6 +28,7 @@ from tensorflow.experimental import dtensor
 
 from tftrain.runtime import dtensor_layouts
 from tftrain.training import optimizers
+from tftrain.training.gradients import GradientNorm
 
 _schedules = keras.optimizers.schedules
 
@@ -126,7 +127,7 @@ class _DataflowUpdates:
         return slots[self._index_dict[self._var_key(variable)]]
 
 
-class SGD(_DataflowUpdates, keras.dtensor.experimental.optimizers.SGD):
+class SGD(GradientNorm, _DataflowUpdates, keras.dtensor.experimental.optimizers.SGD):
     """tf-keras SGD (momentum, nesterov) with data-flow updates."""
 
     def update_step(self, gradient, variable):
@@ -169,15 +170,15 @@ class _AdamUpdate:
         variable.assign_sub(self._decayed(delta, variable))
 
 
-class Adam(_DataflowUpdates, _AdamUpdate, keras.dtensor.experimental.optimizers.Adam):
+class Adam(GradientNorm, _DataflowUpdates, _AdamUpdate, keras.dtensor.experimental.optimizers.Adam):
     """tf-keras Adam with data-flow updates."""
 
 
-class AdamW(_DataflowUpdates, _AdamUpdate, keras.dtensor.experimental.optimizers.AdamW):
+class AdamW(GradientNorm, _DataflowUpdates, _AdamUpdate, keras.dtensor.experimental.optimizers.AdamW):
     """tf-keras AdamW (decoupled weight decay) with data-flow updates."""
 
 
-class Adafactor(_DataflowUpdates, optimizers.Adafactor):
+class Adafactor(GradientNorm, _DataflowUpdates, optimizers.FactoredAdafactor):
     """tftrain's Adafactor (factored second moments, written once per step) on a mesh."""
 
     def _rate_and_step(self, variable):

@@ -52,6 +52,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tftrain.runtime import pipeline_schedule, pipeline_workers
+from tftrain.training import gradients
 
 
 @dataclasses.dataclass
@@ -263,7 +264,11 @@ class PipelineModel(keras.Model):
         grads = list(grads)
         if isinstance(self.optimizer, keras.mixed_precision.LossScaleOptimizer):
             grads = self.optimizer.get_unscaled_gradients(grads)
-        self.optimizer.apply_gradients(zip(grads, variables))
+        # Each stage's gradient is here once per copy: its global norm counts replica 0's.
+        first = {id(v) for stage in self.replica(0)[0] for v in stage.trainable_variables}
+        once = [g for g, v in zip(grads, variables) if id(v) in first]
+        with gradients.counting_once(self.optimizer, once):
+            self.optimizer.apply_gradients(zip(grads, variables))
         self._average_statistics()
         return self._metrics_of_all_workers() if self.workers else self.get_metrics_result()
 

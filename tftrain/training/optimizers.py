@@ -15,6 +15,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tftrain import config_schema as config_lib
+from tftrain.training.gradients import GradientNorm
 
 
 class LinearWarmup(keras.optimizers.schedules.LearningRateSchedule):
@@ -101,7 +102,19 @@ def _unscaled_schedule(train: config_lib.TrainConfig, steps_per_epoch: int, tota
     return LinearWarmup(schedule, train.warmup_steps) if train.warmup_steps else schedule
 
 
-class Adafactor(keras.optimizers.Adafactor):
+class SGD(GradientNorm, keras.optimizers.SGD):
+    """tf-keras SGD, its gradients' global norm measured and clipped (`gradients`)."""
+
+
+class Adam(GradientNorm, keras.optimizers.Adam):
+    """tf-keras Adam, its gradients' global norm measured and clipped (`gradients`)."""
+
+
+class AdamW(GradientNorm, keras.optimizers.AdamW):
+    """tf-keras AdamW, its gradients' global norm measured and clipped (`gradients`)."""
+
+
+class FactoredAdafactor(keras.optimizers.Adafactor):
     """tf-keras's Adafactor (Shazeer and Stern, 2018) keeping only what the method needs.
 
     tf-keras 2.21's keeps, besides a weight's factored second moment (the row means `r` and
@@ -185,6 +198,10 @@ class Adafactor(keras.optimizers.Adafactor):
         variable.assign_add(-alpha * update)
 
 
+class Adafactor(GradientNorm, FactoredAdafactor):
+    """`FactoredAdafactor`, its gradients' global norm measured and clipped (`gradients`)."""
+
+
 def _rms(x):
     return tf.sqrt(tf.reduce_mean(tf.square(x)))
 
@@ -193,16 +210,18 @@ def make_optimizer(train: config_lib.TrainConfig, steps_per_epoch: int, total_st
     """The optimizer that `train.optimizer` names, with its learning-rate schedule.
 
     Under `mixed_float16`, `Model.compile` wraps it in a `LossScaleOptimizer` (dynamic loss
-    scaling); nothing is needed here.
+    scaling); nothing is needed here. Every update's gradients have their global norm measured
+    and, with `train.clip_global_norm` > 0, clipped to it (`training.gradients`).
     """
     lr = make_schedule(train, steps_per_epoch, total_steps)
+    clip = {"clip_global_norm": train.clip_global_norm}
     if train.optimizer == "sgd":
-        return keras.optimizers.SGD(lr, momentum=train.momentum)
+        return SGD(lr, momentum=train.momentum, **clip)
     if train.optimizer == "adamw":
-        return keras.optimizers.AdamW(lr, weight_decay=train.weight_decay)
+        return AdamW(lr, weight_decay=train.weight_decay, **clip)
     if train.optimizer == "adafactor":
-        return Adafactor(lr)
-    return keras.optimizers.Adam(lr)
+        return Adafactor(lr, **clip)
+    return Adam(lr, **clip)
 
 
 def current_learning_rate(optimizer) -> float:
