@@ -5,17 +5,19 @@
 
 The embedded text (Python's documentation) is converted once into 128-token windows; then the
 same `transformer_lm` (tftrain's builder, Adam, float32, ~26M parameters at the defaults)
-trains on the same batches twice, each in its own process:
+trains on the same batches three times, each in its own process:
 
 - `tftrain train --config=text_lm` with the model and batch replaced by override, for
   `--steps` steps in two epochs (summary.json's steady-state examples/s is the second's);
 - a plain loop: `tftrain.data.load` for the batches, a `tf.function` step with a
-  `GradientTape` and `apply_gradients`, timed over the same number of steps after a warm-up.
+  `GradientTape` and `apply_gradients`, timed over the same number of steps after a warm-up;
+- the same loop with tftrain's Adam, which measures each update's global gradient norm and
+  clips it to 1.0 (`train.clip_global_norm`, text_lm's setting): what the norm costs a step.
 
-The two alternate for `--rounds` rounds (which goes first alternates too) and each reports its
+The three alternate for `--rounds` rounds (which goes first rotates) and each reports its
 best round: a shared machine's neighbours slow one process now and then (a whole run at half
 speed has been seen), and the best round is the one least disturbed; the median of the rounds'
-own ratios is printed beside it. MFU for both is the model's FLOPs per example (counted from
+own ratios is printed beside it. MFU for each is the model's FLOPs per example (counted from
 its layers) x examples/s over this host's matmul peak, timed again at the start (the cache
 keeps the most this host has shown, see `runtime.peak_flops`). Prints the CPU, every round and
 the table.
@@ -62,7 +64,11 @@ keras.utils.set_random_seed(42)
 model = models.build_model("transformer_lm", args["params"], (info["sequence_length"],),
                            info["vocab_size"], info)
 loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-optimizer = keras.optimizers.Adam(args["learning_rate"])
+if args["clip"] is None:  # tf-keras's Adam
+    optimizer = keras.optimizers.Adam(args["learning_rate"])
+else:  # tftrain's: the update's global norm measured (and clipped, when clip > 0)
+    from tftrain.training import optimizers
+    optimizer = optimizers.Adam(args["learning_rate"], clip_global_norm=args["clip"])
 
 @tf.function
 def step(x, y):
@@ -129,32 +135,40 @@ def main() -> None:
         args["data"] = convert(directory)
         print(f"matmul peak now: {run_child(PEAK, {})['peak_flops_per_second'] / 1e9:.1f} "
               "GFLOP/s", flush=True)
-        summaries, loops, ratios = [], [], []
+        summaries, loops, clipped, ratios = [], [], [], []
+        plain, measured = {**args, "clip": None}, {**args, "clip": 1.0}
         for round_ in range(options.rounds):
-            if round_ % 2:  # the loop first
-                loops.append(run_child(LOOP, args))
-            summaries.append(tftrain_run(directory, args["data"], args, f"run{round_}"))
-            if not round_ % 2:
-                loops.append(run_child(LOOP, args))
+            runs = [lambda: summaries.append(tftrain_run(directory, args["data"], args,
+                                                         f"run{round_}")),
+                    lambda: loops.append(run_child(LOOP, plain)),
+                    lambda: clipped.append(run_child(LOOP, measured))]
+            for run in runs[round_ % 3:] + runs[:round_ % 3]:  # who goes first rotates
+                run()
             ratios.append(summaries[-1]["examples_per_second"] / loops[-1]["examples_per_second"])
             print(f"round {round_ + 1}: tftrain {summaries[-1]['examples_per_second']:.2f}, "
-                  f"loop {loops[-1]['examples_per_second']:.2f} examples/s "
+                  f"loop {loops[-1]['examples_per_second']:.2f}, loop measuring and clipping "
+                  f"the norm {clipped[-1]['examples_per_second']:.2f} examples/s "
                   f"(tftrain/loop {ratios[-1]:.3f})", flush=True)
     summary = max(summaries, key=lambda s: s["examples_per_second"])
     loop = max(loops, key=lambda s: s["examples_per_second"])
-    # One peak for both: the highest any run saw (a run that computed faster than the cached
+    norm = max(clipped, key=lambda s: s["examples_per_second"])
+    # One peak for all: the highest any run saw (a run that computed faster than the cached
     # peak raised it, see runtime.peak_flops).
-    peak = max(x["peak_flops_per_second"] for x in summaries + loops)
+    peak = max(x["peak_flops_per_second"] for x in summaries + loops + clipped)
     rows = [[name, f"{x['parameters']:,}", f"{x['examples_per_second']:.2f}",
              f"{100 * x['model_flops_per_example'] * x['examples_per_second'] / peak:.1f}%",
              f"{x['examples_per_second'] / summary['examples_per_second']:.2f}x"]
-            for name, x in (("tftrain train", summary), ("tf.function + GradientTape loop", loop))]
+            for name, x in (("tftrain train (clip_global_norm=1.0)", summary),
+                            ("tf.function + GradientTape loop", loop),
+                            ("the loop, its global norm measured and clipped", norm))]
     print(f"transformer_lm width {options.width}, {options.num_layers} blocks, 128 tokens, batch "
           f"{options.batch_size}, Adam, float32, {options.steps} steps (the second half timed), "
           f"best of {options.rounds} rounds; "
           f"{summary['model_flops_per_example'] / 1e9:.2f} GFLOP per example; peak "
           f"{peak / 1e9:.1f} GFLOP/s ({summary['peak_source']}); median of the rounds' "
-          f"tftrain/loop ratios {statistics.median(ratios):.3f}\n")
+          f"tftrain/loop ratios {statistics.median(ratios):.3f}; the norm's cost: loop "
+          f"measuring it / loop {norm['examples_per_second'] / loop['examples_per_second']:.3f}"
+          "\n")
     print(markdown_table(["run", "parameters", "examples/s", "MFU", "vs tftrain"], rows))
 
 

@@ -103,6 +103,19 @@ def test_progress_scalars_in_tensorboard_at_the_same_steps(bounded_run):
                 found.setdefault(value.tag, []).append(event.step)
     assert sorted(found["progress/loss"]) == list(range(5, 41, 5)), found.keys()
     assert sorted(found["progress/examples_per_second"]) == list(range(5, 41, 5))
+    assert sorted(found["gradients/norm"]) == list(range(1, 41))  # every step's
+
+
+def test_every_run_measures_its_gradient_norm(bounded_run):
+    """Clipping off (digits' default): every update measured, none clipped; the progress
+    lines show the norm of the step they name, the last one summary.json's."""
+    run, done = bounded_run
+    gradients = json.loads((run / "summary.json").read_text())["gradients"]
+    assert gradients["clip_global_norm"] == 0.0
+    assert (gradients["clipped_steps"], gradients["clipped_fraction"]) == (0, 0.0)
+    assert 0 < gradients["last_norm"] <= gradients["max_norm"] < 100
+    shown = re.findall(r"step 40/40 loss=\S+ grad_norm=(\S+) ", done.stderr)
+    assert shown and float(shown[0]) == pytest.approx(gradients["last_norm"], rel=1e-3)
 
 
 @pytest.mark.parametrize("key", ["validation_steps", "validation_every_steps", "test_steps",

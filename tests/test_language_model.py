@@ -152,6 +152,12 @@ def test_the_trained_model_beats_a_unigram_model_of_the_same_tokens(lm_run, text
           f"next-token accuracy {test['accuracy']:.3f}")
     assert test["perplexity"] <= 0.7 * unigram, (test, unigram)
     assert test["accuracy"] > 0.2
+    # text_lm clips at 1.0 (its header); every update is measured, clipped or not
+    gradients = summary["gradients"]
+    assert params["train"]["clip_global_norm"] == gradients["clip_global_norm"] == 1.0
+    assert gradients["clipped_fraction"] == pytest.approx(
+        gradients["clipped_steps"] / summary["steps"], abs=1e-6)
+    assert gradients["max_norm"] >= gradients["last_norm"] > 0
 
 
 def test_the_export_loads_predicts_and_evaluates_with_the_task_metrics(lm_run, text_dir, cli,
