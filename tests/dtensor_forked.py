@@ -20,6 +20,38 @@ from tests import forked_cli
 
 ENTRY = f"{__name__}:script_main"
 
+# The start of a script that trains digits' MLP on digits_dtensor's batch:2,model:2 mesh,
+# run as `run_script(MLP_ON_MESH + rest, [data_dir, overrides])`: the config (digits_dtensor
+# with `overrides`), the mesh, the MLP (no dropout, seed 0) and its sharded twin (`sharded`,
+# laid out by `plan`), the first 32 training examples (`x`, `y`), the loss, and `dataset`:
+# those 32 examples every step, split over the mesh's batch dimension.
+MLP_ON_MESH = r'''
+import json, sys
+import tftrain  # noqa: F401
+from tftrain import config as config_lib, models
+from tftrain.training import optimizers, steps
+from tftrain.runtime import dtensor as dtensor_runtime
+from tftrain.data import reader
+
+data_dir = sys.argv[1]
+config = config_lib.build_config("digits_dtensor", {}, f"data.dir={data_dir},{sys.argv[2]}")
+mesh, dims = dtensor_runtime.create_mesh(config.runtime)
+import numpy as np, tensorflow as tf, tf_keras as keras
+from tensorflow.experimental import dtensor
+
+keras.backend.experimental.enable_tf_random_generator()
+keras.utils.set_random_seed(0)
+model = models.build_model("mlp", {"dropout": 0}, (8, 8, 1), 10)
+plan = dtensor_runtime.resolve_layouts(model, "mlp", {}, dims)
+sharded = dtensor_runtime.build_sharded(model, mesh, plan)
+x, y = next(iter(reader.load(data_dir, "train", 32, training=False)))
+loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+dataset = dtensor.DTensorDataset(
+    tf.data.Dataset.from_tensor_slices((x, y)).repeat(), mesh=mesh, global_batch_size=32,
+    batch_dim="batch", layouts=(dtensor.Layout.batch_sharded(mesh, "batch", 4),
+                                dtensor.Layout.batch_sharded(mesh, "batch", 1)))
+'''
+
 
 def script_main(argv: list) -> None:
     """The child's entry point: `argv` is `["tftrain", SCRIPT, *args]`."""

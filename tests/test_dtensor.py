@@ -120,39 +120,11 @@ def test_memory_report_counts_shards():
 # The first compiled step (the first execution of the train function: tf-keras's optimizer
 # update lost it on TF 2.21, docs/dtensor.md) equals the single-device step.
 
-ONE_STEP = r'''
-import json, sys
-import tftrain  # noqa: F401
-from tftrain import config as config_lib, models
-from tftrain.engine import train
-from tftrain.training import steps
-from tftrain.runtime import dtensor as dtensor_runtime
-from tftrain.data import reader
-
-data_dir = sys.argv[1]
-config = config_lib.build_config("digits_dtensor", {}, f"data.dir={data_dir},"
-                                 "train.optimizer=sgd,train.momentum=0,train.learning_rate=0.5")
-mesh, dims = dtensor_runtime.create_mesh(config.runtime)
-import numpy as np, tensorflow as tf, tf_keras as keras
-from tensorflow.experimental import dtensor
-
-keras.backend.experimental.enable_tf_random_generator()
-keras.utils.set_random_seed(0)
-model = models.build_model("mlp", {"dropout": 0}, (8, 8, 1), 10)
-plan = dtensor_runtime.resolve_layouts(model, "mlp", {}, dims)
-sharded = dtensor_runtime.build_sharded(model, mesh, plan)
+ONE_STEP = dtensor_forked.MLP_ON_MESH + r'''
 variables = dtensor_runtime.named_variables(sharded)
 found = {path: dtensor.fetch_layout(v).sharding_specs for path, v in variables.items()}
 local_shape = {path: dtensor.unpack(v.read_value())[0].shape.as_list()
                for path, v in variables.items()}
-
-x, y = next(iter(reader.load(data_dir, "train", 32, training=False)))
-loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-# The same 32 examples every step, split over the mesh's batch dimension.
-dataset = dtensor.DTensorDataset(
-    tf.data.Dataset.from_tensor_slices((x, y)).repeat(), mesh=mesh, global_batch_size=32,
-    batch_dim="batch", layouts=(dtensor.Layout.batch_sharded(mesh, "batch", 4),
-                                dtensor.Layout.batch_sharded(mesh, "batch", 1)))
 sharded.compile(optimizer=dtensor_runtime.make_optimizer(config.train, steps.StepPlan(2, 1, 2), mesh),
                 loss=loss)
 model.compile(optimizer=keras.optimizers.SGD(0.5), loss=loss)
@@ -188,8 +160,9 @@ print("RESULT " + json.dumps({
 
 
 def test_kernels_sharded_and_one_step_matches_single_device(digits_dir):
-    out = dtensor_forked.run_script(ONE_STEP, [digits_dir], env=_env(), cwd=REPO,
-                                    timeout=TIMEOUT)
+    out = dtensor_forked.run_script(
+        ONE_STEP, [digits_dir, "train.optimizer=sgd,train.momentum=0,train.learning_rate=0.5"],
+        env=_env(), cwd=REPO, timeout=TIMEOUT)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     assert out.returncode == 0 and lines, out.stderr[-3000:]
     result = json.loads(lines[0][len("RESULT "):])

@@ -187,33 +187,7 @@ def test_mixed_float16_clips_the_unscaled_gradient_as_float32_does(one_device, p
     assert max_difference(half, model) > 1e-2  # the clipped steps moved it as float32's did
 
 
-DTENSOR = r'''
-import json, sys
-import tftrain  # noqa: F401
-from tftrain import config as config_lib, models
-from tftrain.training import optimizers, steps
-from tftrain.runtime import dtensor as dtensor_runtime
-from tftrain.data import reader
-
-data_dir = sys.argv[1]
-config = config_lib.build_config("digits_dtensor", {}, f"data.dir={data_dir},"
-                                 "train.optimizer=sgd,train.momentum=0,train.learning_rate=0.5,"
-                                 "train.clip_global_norm=0.5")
-mesh, dims = dtensor_runtime.create_mesh(config.runtime)
-import numpy as np, tensorflow as tf, tf_keras as keras
-from tensorflow.experimental import dtensor
-
-keras.backend.experimental.enable_tf_random_generator()
-keras.utils.set_random_seed(0)
-model = models.build_model("mlp", {"dropout": 0}, (8, 8, 1), 10)
-plan = dtensor_runtime.resolve_layouts(model, "mlp", {}, dims)
-sharded = dtensor_runtime.build_sharded(model, mesh, plan)
-x, y = next(iter(reader.load(data_dir, "train", 32, training=False)))
-loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-dataset = dtensor.DTensorDataset(
-    tf.data.Dataset.from_tensor_slices((x, y)).repeat(), mesh=mesh, global_batch_size=32,
-    batch_dim="batch", layouts=(dtensor.Layout.batch_sharded(mesh, "batch", 4),
-                                dtensor.Layout.batch_sharded(mesh, "batch", 1)))
+DTENSOR = dtensor_forked.MLP_ON_MESH + r'''
 optimizer = dtensor_runtime.make_optimizer(config.train, steps.StepPlan(3, 1, 3), mesh)
 sharded.compile(optimizer=optimizer, loss=loss)
 model.compile(optimizer=optimizers.make_optimizer(config.train, 3, 3), loss=loss)
@@ -241,7 +215,10 @@ def test_dtensor_mesh_clips_the_norm_over_every_shard(digits_dir):
     """The MLP's kernels split over `model:2`, the batch over `batch:2`: the norm summed over
     the shards and the replicas is one device's, and so are the clipped weights."""
     env = {**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    out = dtensor_forked.run_script(DTENSOR, [digits_dir], env=env, cwd=REPO, timeout=600)
+    overrides = (f"train.optimizer=sgd,train.momentum=0,train.learning_rate={RATE},"
+                 f"train.clip_global_norm={CLIP}")
+    out = dtensor_forked.run_script(DTENSOR, [digits_dir, overrides], env=env, cwd=REPO,
+                                    timeout=600)
     lines = [line for line in out.stdout.splitlines() if line.startswith("RESULT ")]
     assert out.returncode == 0 and lines, out.stderr[-3000:]
     result = json.loads(lines[0][len("RESULT "):])
