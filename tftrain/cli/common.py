@@ -37,11 +37,14 @@ _DEFINITIONS = {
         "mesh", None, "Device mesh for --strategy=dtensor, e.g. batch:2,model:2: batch splits the "
         "data, model splits the weights (runtime.mesh)."),
     "data": lambda: flags.DEFINE_string(
-        "data", None, "Dataset directory (with dataset.json)."),
+        "data", None, "Dataset directory (with dataset.json); evaluate: default, the data of "
+        "the model's run (its params.yaml)."),
     "seed": lambda: flags.DEFINE_integer(
         "seed", 0, "Seed: convert, of spreading examples over shards; generate, of the "
         "sampling (the same seed writes the same text)."),
-    "split": lambda: flags.DEFINE_string("split", "test", "Dataset split to use."),
+    "split": lambda: flags.DEFINE_string(
+        "split", None, "Dataset split to measure; default: a run's test split (its "
+        "data.test_split), or test for a dataset given by --data."),
     "pipeline": lambda: flags.DEFINE_string(
         "pipeline", None, "Dataset kind: digits, diabetes, image_folder, csv, numpy, tfds, jsonl, "
         "lmdb, text, or an importable module of your own (my_pkg.my_data)."),

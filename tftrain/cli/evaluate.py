@@ -7,6 +7,9 @@ number of examples measured (num_examples) and the bound (steps: --steps=N evalu
 first N batches of the split; 0, the default, the whole split) in batches of --batch_size
 (default: the batch size its run trained with, from params.yaml; else 256).
 Example: tftrain evaluate --model=runs/demo/export --data=data/digits --split=test
+Without --data, a run's model (RUN/export, RUN/pruned, RUN/quantized/*.tflite) is evaluated on
+its run's data, read as training read it (the whole data section of its params.yaml: other
+tools' TFRecords included), on the run's test split unless --split says otherwise.
 TFRecords written by other tools (no dataset.json): add --pipeline=NAME, the pipeline whose
 schema they follow (--data is then a directory of <split>-* files or a glob with {split}).
 """
@@ -25,7 +28,7 @@ flags.DEFINE_integer("batch_size", None, "Evaluation batch size (default: the ru
 
 
 def main(argv):
-    require("model", "data")
+    require("model")
     quiet_start.import_tensorflow()
     from tftrain.optimize import evaluate
 
@@ -34,6 +37,7 @@ def main(argv):
                                 pipeline_options=parse_pipeline_options(FLAGS.pipeline_options),
                                 allow_python=FLAGS.allow_python_in_model,
                                 steps=FLAGS.steps or 0)
-    print(" ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
+    print(f"{metrics['split']} split: "
+          + " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
     print(bounds.describe(metrics["num_examples"], metrics["steps"]))
     return 0
