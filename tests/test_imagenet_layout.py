@@ -2,6 +2,7 @@
 works on it: each reads the run's whole data section from its params.yaml (format, pipeline,
 options, info) and measures the run's test split (here `validation`) unless told otherwise."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -14,14 +15,19 @@ VALIDATION_EXAMPLES = 3 * imagenet_layout.PER_CLASS["validation"]
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """The run trained once on the ImageNet-layout records (read-only except for the outputs
-    of the commands under test: eval_*.json, pruned/, quantized/)."""
-    root = tmp_path_factory.mktemp("imagenet_layout")
-    data = imagenet_layout.write(str(root / "records"))
-    assert run_cli("train", "--config=digits", f"--model_dir={root / 'run'}",
-                   f"--params_override={imagenet_layout.overrides(data, **TRAINING)}") == 0
-    return root / "run"
+def records(tmp_path_factory) -> str:
+    """The ImageNet-layout records, written once (read-only)."""
+    return imagenet_layout.write(str(tmp_path_factory.mktemp("imagenet_layout") / "records"))
+
+
+@pytest.fixture(scope="module")
+def run(records):
+    """The run trained once on the records (read-only except for the outputs of the commands
+    under test: eval_*.json, pruned/, quantized/)."""
+    run = Path(records).parent / "run"
+    assert run_cli("train", "--config=digits", f"--model_dir={run}",
+                   f"--params_override={imagenet_layout.overrides(records, **TRAINING)}") == 0
+    return run
 
 
 def read(path) -> dict:
@@ -61,3 +67,17 @@ def test_prune_quantize_and_report_measure_the_runs_test_split(run, cli, capsys)
     for model in ("float", "pruned", "int8", "dynamic"):
         assert f"| {model} (validation): accuracy, gzip KiB |" in header
     assert "| validation accuracy |" in header  # the run's own evaluation: the same split
+
+
+def test_the_images_helper_module_is_not_taken_for_a_dataset_kind(records, tmp_path, cli,
+                                                                   capsys):
+    run = tmp_path / "run"
+    assert cli("train", "--config=digits", f"--model_dir={run}", "--params_override="
+               + imagenet_layout.overrides(records, **{"data.pipeline": "images"})) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "tftrain train: error: pipeline 'images' is not a dataset kind (pipelines/images.py is "
+        "a helper module of the kinds): the kinds are digits, diabetes, image_folder, csv, "
+        "numpy, tfds, jsonl, lmdb, text, or an importable module of your own (my_pkg.my_data) "
+        "that defines `class Pipeline(pipelines.base.BasePipeline)`; for image TFRecords "
+        "(image/encoded, image/class/label) or a folder of images, use image_folder.")
+    assert not run.exists()  # refused: no run directory left behind
