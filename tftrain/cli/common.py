@@ -37,8 +37,7 @@ _DEFINITIONS = {
         "mesh", None, "Device mesh for --strategy=dtensor, e.g. batch:2,model:2: batch splits the "
         "data, model splits the weights (runtime.mesh)."),
     "data": lambda: flags.DEFINE_string(
-        "data", None, "Dataset directory (with dataset.json); evaluate: default, the data of "
-        "the model's run (its params.yaml)."),
+        "data", None, "Dataset directory (with dataset.json)."),
     "seed": lambda: flags.DEFINE_integer(
         "seed", 0, "Seed: convert, of spreading examples over shards; generate, of the "
         "sampling (the same seed writes the same text)."),

@@ -13,10 +13,13 @@ tools' TFRecords included), on the run's test split unless --split says otherwis
 TFRecords written by other tools (no dataset.json): add --pipeline=NAME, the pipeline whose
 schema they follow (--data is then a directory of <split>-* files or a glob with {split}).
 """
+import os
+
 from absl import flags
 
 from tftrain import quiet_start
 from tftrain.cli.common import parse_pipeline_options, require, use_flags
+from tftrain.errors import ConfigError
 from tftrain.optimize import bounds
 
 FLAGS = flags.FLAGS
@@ -29,6 +32,9 @@ flags.DEFINE_integer("batch_size", None, "Evaluation batch size (default: the ru
 
 def main(argv):
     require("model")
+    if "://" not in FLAGS.model and not os.path.exists(FLAGS.model):  # before TensorFlow starts
+        raise ConfigError(f"--model={FLAGS.model}: no such file or directory; pass a "
+                          "SavedModel directory (e.g. RUN/export) or a .tflite file")
     quiet_start.import_tensorflow()
     from tftrain.optimize import evaluate
 
