@@ -81,3 +81,16 @@ def test_the_images_helper_module_is_not_taken_for_a_dataset_kind(records, tmp_p
         "that defines `class Pipeline(pipelines.base.BasePipeline)`; for image TFRecords "
         "(image/encoded, image/class/label) or a folder of images, use image_folder.")
     assert not run.exists()  # refused: no run directory left behind
+
+
+def test_a_run_directory_is_a_config_for_doctor_and_check(run):
+    """`tftrain doctor --config=RUN` (and check, train) builds the config the run trained with:
+    its params.yaml, data section whole (doctor itself is tested on configs in test_doctor)."""
+    from tftrain import config as config_lib
+    from tftrain.engine import run_config
+
+    assert config_lib.resolve_config_path(str(run)) == f"{run}/params.yaml"
+    data = config_lib.build_config(str(run)).data
+    assert data == run_config.read(str(run)).data
+    assert (data.format, data.pipeline, data.pipeline_options, data.info["num_classes"]) == (
+        "tfrecord", "image_folder", {"image_size": imagenet_layout.IMAGE_SIZE}, 4)

@@ -35,7 +35,7 @@ from tftrain import dir_lock, ownership
 from tftrain.errors import ConfigError, TftrainError
 from tftrain.fileio import is_local, join, remove, write_json
 
-PARAMS = "params.yaml"
+PARAMS = config_lib.PARAMS
 SUMMARY = "summary.json"
 CURVES_PNG = "curves.png"  # drawn by tftrain.callbacks.curves
 CURVES_JSON = "curves.json"

@@ -18,8 +18,8 @@ _DEFINITIONS = {
         "output", None, "Where the command writes its result: convert, the dataset directory; "
         "evaluate, the metrics JSON. gs:// works."),
     "config": lambda: flags.DEFINE_string(
-        "config", "digits", "Experiment config: a YAML path or the name of a shipped config "
-        "(configs/NAME.yaml)."),
+        "config", "digits", "Experiment config: a YAML path, the name of a shipped config "
+        "(configs/NAME.yaml), or a run directory (the config it trained with: its params.yaml)."),
     "params_override": lambda: flags.DEFINE_string(
         "params_override", "", "Comma-separated config overrides applied last, e.g. "
         "'train.epochs=3,data.batch_size=64'."),
