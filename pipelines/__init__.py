@@ -12,6 +12,9 @@ from tftrain.errors import ConfigError, DataError
 from pipelines.base import BasePipeline, Row  # noqa: F401  (the public contract)
 
 BUILTIN = ("digits", "diabetes", "image_folder", "csv", "numpy", "tfds", "jsonl", "lmdb", "text")
+# Helper modules of the kinds that a user may take for a kind, and the kind they want.
+HELPER_HINTS = {"images": "for image TFRecords (image/encoded, image/class/label) or a folder of "
+                          "images, use image_folder"}
 
 
 def load_pipeline(name: str, **options) -> BasePipeline:
@@ -27,6 +30,13 @@ def load_pipeline(name: str, **options) -> BasePipeline:
                 "that defines `class Pipeline(pipelines.base.BasePipeline)`.") from None
         raise
     cls = getattr(module, "Pipeline", None)
+    if not (isinstance(cls, type) and issubclass(cls, BasePipeline)) and "." not in name:
+        hint = f"; {HELPER_HINTS[name]}" if name in HELPER_HINTS else ""
+        raise ConfigError(
+            f"pipeline {name!r} is not a dataset kind (pipelines/{name}.py is a helper module "
+            f"of the kinds): the kinds are {', '.join(BUILTIN)}, or an importable module of "
+            "your own (my_pkg.my_data) that defines `class Pipeline(pipelines.base."
+            f"BasePipeline)`{hint}.")
     if not (isinstance(cls, type) and issubclass(cls, BasePipeline)):
         raise ConfigError(
             f"pipeline module {module_name!r} must define `class Pipeline(pipelines.base.BasePipeline)`.")

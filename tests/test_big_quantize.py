@@ -71,9 +71,10 @@ def traced_export(trained, tmp_path_factory):
 def parameters(run) -> int:
     """The run's weights, counted here from its export."""
     from tftrain.optimize.keras_model import load_keras_model
-    from tftrain.optimize.runs import model_path, run_task, load_run_config
+    from tftrain.engine.run_config import read, run_task
+    from tftrain.optimize.runs import model_path
 
-    run_task(load_run_config(str(run)))  # registers the task's metrics before the load
+    run_task(read(str(run)))  # registers the task's metrics before the load
     return load_keras_model(model_path(str(run))).count_params()
 
 
@@ -101,7 +102,7 @@ def test_over_the_limit_the_float_reference_is_the_keras_model(run, data_dir, tm
                                                                 monkeypatch, capsys):
     from tftrain import data
     from tftrain.optimize import quantize, tflite_eval
-    from tftrain.optimize.evaluate import run_params_values, task_of
+    from tftrain.engine import run_config
 
     weights = parameters(run)
     # The float .tflite (4 bytes a weight) is over the limit; int8 weights (1 byte) are not.
@@ -132,7 +133,7 @@ def test_over_the_limit_the_float_reference_is_the_keras_model(run, data_dir, tm
     # The quantized perplexity is its .tflite's on those batches, and the gate's change is
     # measured against the Keras reference.
     batches = data.load(str(data_dir), "test", BATCH_SIZE, training=False).take(STEPS)
-    task = task_of(run_params_values(str(run / "export")), str(data_dir))
+    task = run_config.run_task(run_config.read(str(run)))
     alone = tflite_eval.evaluate_tflite(report["tflite_path"], batches, task=task)
     assert report["perplexity"] == pytest.approx(alone["perplexity"], rel=1e-9)
     assert report["metric_change"] == pytest.approx(

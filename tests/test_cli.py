@@ -1,5 +1,6 @@
 """The absl CLI: command listing, per-command help, absl's own flags, one-line errors."""
 import json
+import os
 import subprocess
 
 import pytest
@@ -79,7 +80,7 @@ def test_errors_after_tensorflow_loads_stand_alone(tmp_path, digits_dir):
     cases = [
         (("inspect", f"--data={tmp_path}"), 1, "dataset.json is missing"),
         (("convert", "--pipeline=digits", f"--output={digits_dir}"), 1, "already holds a complete"),
-        (("evaluate", f"--model={tmp_path}/none", f"--data={digits_dir}"), 1, "is not a SavedModel directory"),
+        (("evaluate", f"--model={tmp_path}", f"--data={digits_dir}"), 1, "is not a SavedModel directory"),
     ]
     for args, code, message in cases:
         result = run_subprocess(*args)  # waits for every process holding its stderr
@@ -153,3 +154,22 @@ def test_an_unexpected_error_is_one_line_and_its_traceback_comes_with_v(monkeypa
     assert "-v 1 for the traceback" in err
     with pytest.raises(KeyError):
         run_cli("inspect", "--data=x", "-v", "1")
+
+
+@pytest.mark.parametrize("args", [["train", "--help"], ["--help"], ["inspect", "--data=DIGITS"]])
+def test_output_to_a_closed_pipe_ends_quietly(args, digits_dir):
+    """`tftrain train --help | head` and the like: the reader went away before the output
+    came; the command ends as a Unix tool does (141, as after SIGPIPE), saying nothing."""
+    from tests import forked_cli
+    from tftrain import cli
+
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the command writes
+    try:
+        process = forked_cli.Popen([arg.replace("DIGITS", digits_dir) for arg in args],
+                                   stdout=write, stderr=forked_cli.PIPE)
+    finally:
+        os.close(write)
+    process.wait(120)
+    assert (process.returncode, process.stderr.read()) == (cli.CLOSED_PIPE_EXIT, "")
+    assert cli.CLOSED_PIPE_EXIT == 141

@@ -265,3 +265,43 @@ def test_the_content_check_tells_damaged_token_windows(tmp_path, text_dir):
         assert (problem == "validation record 4 cannot be trained on") == damaged, how
         seen.add(damaged)
     assert seen == {True, False}
+
+
+def test_a_refused_config_leaves_no_run_directory(tmp_path, digits_dir, cli, capsys):
+    """`tftrain train` on the fuzzer's damaged configs (its yaml cases, as it makes them) and on
+    configs refused only once TensorFlow runs (a batch larger than the split, a helper module as
+    the pipeline, no class count for other tools' records): one error line, no --model_dir."""
+    import random
+
+    from tests import fuzz_driver
+    from tftrain import config as config_lib
+    from tftrain.errors import TftrainError
+
+    bases = {"tiny.yaml": str(tmp_path / "tiny.yaml"), "dataset": digits_dir}
+    (tmp_path / "tiny.yaml").write_text(
+        "data:\n  dir: DATA\n  batch_size: 32\nmodel:\n  name: mlp\n  params: {hidden_units: "
+        "[8]}\ntrain:\n  epochs: 1\n  steps_per_epoch: 2\n")
+    commands = []
+    for index in range(CASES):
+        rng = random.Random(f"{SEED}:{index}")
+        if fuzz_driver.KINDS[rng.randrange(len(fuzz_driver.KINDS))] != "yaml":
+            continue
+        case_dir = tmp_path / f"case{index}"
+        case_dir.mkdir()
+        fuzz_driver.config_case(rng, index, "yaml", bases, str(case_dir), None)
+        try:  # a damaged config that is still valid would train: not a refusal
+            config_lib.build_config(str(case_dir / "c.yaml"))
+            continue
+        except TftrainError:
+            commands.append((f"--config={case_dir / 'c.yaml'}",))
+    assert len(commands) >= CASES // 15, "too few refused configs among the fuzzer's cases"
+    shutil.copytree(digits_dir, tmp_path / "foreign", ignore=shutil.ignore_patterns("*.json"))
+    for late in ("data.batch_size=5000", "data.format=tfrecord,data.pipeline=images",
+                 f"data.dir={tmp_path / 'foreign'},data.format=tfrecord,data.pipeline=digits"):
+        commands.append(("--config=digits", f"--params_override=data.dir={digits_dir},{late}"))
+    for number, args in enumerate(commands):
+        run = tmp_path / "runs" / str(number)
+        assert cli("train", f"--model_dir={run}", *args) != 0, args
+        errors = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
+        assert len(errors) == 1, (args, errors)
+        assert not run.exists(), (args, errors)

@@ -372,3 +372,22 @@ def test_a_directory_killed_while_its_marker_was_written_is_tftrains(tmp_path):
     assert run_dir.replaceable(str(export))
     (export / "notes.txt").write_text("mine")  # anything else still makes it someone else's
     assert not run_dir.replaceable(str(export))
+
+
+def test_a_run_that_wrote_nothing_leaves_no_directory_but_anything_else_stays(tmp_path):
+    claimed = tmp_path / "claimed"
+    run_dir.prepare(str(claimed), overwrite=False)
+    (claimed / run_dir.PARAMS).write_text("data: {}\n")
+    run_dir.release(str(claimed))
+    assert set(os.listdir(claimed)) == run_dir.CLAIM
+    assert run_dir.discard_unused(str(claimed)) and not claimed.exists()
+    for extra in ("logs", "notes.txt"):  # its own output, or a file of the user's: kept
+        kept = tmp_path / extra
+        run_dir.prepare(str(kept), overwrite=False)
+        run_dir.release(str(kept))
+        (kept / extra).mkdir() if extra == "logs" else (kept / extra).write_text("mine")
+        assert not run_dir.discard_unused(str(kept))
+        assert {ownership.MARKER, extra} <= set(os.listdir(kept))
+    empty = tmp_path / "empty"  # nothing to tell whose: kept
+    empty.mkdir()
+    assert not run_dir.discard_unused(str(empty)) and empty.exists()

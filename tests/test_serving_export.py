@@ -14,7 +14,7 @@ from tests.conftest import run_cli
 from tests.shared_runs import text_lm_run  # noqa: F401  (a fixture)
 from tftrain import config as config_lib
 from tftrain import ownership
-from tftrain.engine import export
+from tftrain.engine import export, run_config
 from tftrain.data import foreign, reader
 from tftrain.data import manifest as manifest_lib
 from tftrain.optimize import runs
@@ -125,7 +125,7 @@ def test_an_export_of_an_earlier_version_is_still_found(run, digits_dir, cli, tm
 
 
 def test_a_new_export_takes_over_from_the_one_before(run, tmp_path):
-    config = runs.load_run_config(str(run))
+    config = run_config.read(str(run))
     manifest = foreign.read_manifest(config.data)
     model = keras.models.load_model(str(_version_dir(run)), compile=False)
     legacy = tmp_path / "export"

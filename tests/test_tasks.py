@@ -186,8 +186,8 @@ def test_params_yaml_without_a_task_section_means_classification(tmp_path):
     new = config_lib.build_config("digits")
     assert new.task.type == "auto" and new.train.monitor == "auto"  # resolved per run
     # `tftrain evaluate` on a model of such a run scores it as a classifier.
-    from tftrain.optimize import evaluate
+    from tftrain.engine import run_config
 
     (tmp_path / "export" / "1").mkdir(parents=True)
-    assert evaluate.run_params(str(tmp_path / "export" / "1")) == str(path)
-    assert evaluate.run_params(str(tmp_path / "elsewhere" / "model")) is None
+    assert run_config.run_of(str(tmp_path / "export" / "1")) == str(tmp_path)
+    assert run_config.run_of(str(tmp_path / "elsewhere" / "model")) is None

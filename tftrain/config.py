@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import math
 import os
+import posixpath
 from typing import Any
 
 import yaml
@@ -18,7 +19,7 @@ import tftrain
 from tftrain import models, tasks
 from tftrain.config_schema import (  # noqa: F401  (the schema is part of this module's API)
     ASYNC_BACKUP, CACHE_MODES, CHOICES, CLUSTERS, DATA_FORMATS, JIT_COMPILE, LR_SCHEDULES, MONITORS,
-    ON_NAN, OPTIMIZERS, PIPELINE_SCHEDULES, PRECISIONS, SERVICE_MODES, STRATEGIES, TASK_LOSSES,
+    ON_NAN, OPTIMIZERS, PARAMS, PIPELINE_SCHEDULES, PRECISIONS, SERVICE_MODES, STRATEGIES, TASK_LOSSES,
     TASK_TYPES, Config, DataConfig, ModelConfig, RuntimeConfig, TaskConfig, TrainConfig,
     WholeMapping, all_keys, apply_values, check_divisible, profile_steps, to_dict, to_yaml)
 from tftrain.errors import ConfigError
@@ -44,16 +45,19 @@ CONFIG_DIR = _shipped_config_dir()
 
 
 def resolve_config_path(name_or_path: str) -> str:
-    """A config file path from a path or the name of a shipped config (`digits`)."""
+    """A config file path from a path, the name of a shipped config (`digits`), or a run
+    directory (its params.yaml: the config it trained with, whole)."""
     candidates = [name_or_path]
     if not name_or_path.endswith((".yaml", ".yml")):
         candidates.append(os.path.join(CONFIG_DIR, name_or_path + ".yaml"))
+        candidates.append(posixpath.join(name_or_path, PARAMS))
     for path in candidates:
         if os.path.isfile(path) or (path.startswith(("gs://", "ram://")) and _gfile_exists(path)):
             return path
     shipped = sorted(f[:-5] for f in os.listdir(CONFIG_DIR) if f.endswith(".yaml"))
-    raise ConfigError(f"config {name_or_path!r} not found: give a YAML file path or one of the "
-                      f"shipped configs: {', '.join(shipped)}")
+    raise ConfigError(f"config {name_or_path!r} not found: give a YAML file path, a run "
+                      f"directory (its {PARAMS}) or one of the shipped configs: "
+                      f"{', '.join(shipped)}")
 
 
 def _gfile_exists(path: str) -> bool:

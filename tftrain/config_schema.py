@@ -16,6 +16,7 @@ import yaml
 
 from tftrain.errors import ConfigError
 
+PARAMS = "params.yaml"  # a run directory's resolved config (`tftrain.run_dir`)
 STRATEGIES = ("auto", "one_device", "mirrored", "multi_worker_mirrored", "tpu", "dtensor", "pipeline")
 # runtime.pipeline_schedule: the order of a stage's micro-batch passes (runtime/pipeline_schedule.py)
 PIPELINE_SCHEDULES = ("1f1b", "gpipe", "interleaved")

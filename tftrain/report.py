@@ -3,8 +3,9 @@
 The table has a row per run: its epochs, the task's metrics on the evaluation split
 (`summary.json` `eval`) and on the validation split (the last epoch's), training speed, strategy
 and replicas, precision, and the accuracy and gzip size of each pruned or quantized model that
-`tftrain prune` / `tftrain quantize` measured (their report.json files). The picture has one
-subplot per validation metric and one line per run, from each run's `curves.json`.
+`tftrain prune` / `tftrain quantize` measured (their report.json files; each such column names
+the split they were measured on). The picture has one subplot per validation metric and one
+line per run, from each run's `curves.json`.
 
 An unfinished run (no summary.json yet: still training, or killed) is shown with what it has:
 the epochs recorded so far and the last one's validation metrics; the columns that only a
@@ -81,13 +82,18 @@ def table(runs: list[Run]) -> str:
     eval_name = splits.pop() if len(splits) == 1 else "eval"
     eval_metrics = _union([k for k in s.get("eval", {}) if k != "split"] for s in finished)
     val_metrics = _union(run.validation() for run in runs)
-    # Each optimized model with the measure its reports give (accuracy, or rmse for regression).
+    # Each optimized model with the measure its reports give (accuracy, or rmse for regression)
+    # and the split it was measured on.
     models = {m: "/".join(_union([row.get("measure", "accuracy") for row in run.optimized
                                   if row["model"] == m] for run in runs))
               for m in _union([row["model"] for row in run.optimized] for run in runs)}
+    model_splits = {m: "/".join(_union([row["split"] for row in run.optimized
+                                        if row["model"] == m and row.get("split")]
+                                       for run in runs)) for m in models}
     header = (["run", "epochs"] + [f"{eval_name} {m}" for m in eval_metrics]
               + [f"val {m}" for m in val_metrics] + ["steps/s", "strategy", "precision"]
-              + [f"{m}: {measure}, gzip KiB" for m, measure in models.items()])
+              + [f"{m}{f' ({model_splits[m]})' if model_splits[m] else ''}: {measure}, gzip KiB"
+                 for m, measure in models.items()])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for label, run in zip(labels(runs), runs):
         s = run.summary or {}

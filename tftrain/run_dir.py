@@ -33,9 +33,9 @@ from tftrain import config_schema as config_lib
 from tftrain.yaml_file import read_yaml
 from tftrain import dir_lock, ownership
 from tftrain.errors import ConfigError, TftrainError
-from tftrain.fileio import join, remove, write_json
+from tftrain.fileio import is_local, join, remove, write_json
 
-PARAMS = "params.yaml"
+PARAMS = config_lib.PARAMS
 SUMMARY = "summary.json"
 CURVES_PNG = "curves.png"  # drawn by tftrain.callbacks.curves
 CURVES_JSON = "curves.json"
@@ -167,6 +167,31 @@ def prepare(model_dir: str, overwrite: bool, params_yaml: str | None = None, *,
             if f.read() != params_yaml:
                 logging.warning("%s holds an unfinished run started with another config (%s); "
                                 "resuming it with the new one", model_dir, PARAMS)
+
+
+def check(model_dir: str, overwrite: bool) -> None:
+    """Raises for what `prepare` would refuse in `model_dir`, writing nothing: `train` checks
+    first, and claims (creates) the directory only once its config is valid."""
+    _check(contents(model_dir), overwrite)
+
+
+# What a run directory holds once claimed, before its run has written anything of its own.
+CLAIM = frozenset({PARAMS, ownership.MARKER, LOCK})
+
+
+def discard_unused(model_dir: str) -> bool:
+    """Removes `model_dir`, which this process created, when it holds nothing but a run's claim
+    (`CLAIM`: its run stopped before writing anything, e.g. on a refused config); the lock must
+    be released first. Returns whether it was removed."""
+    names = ownership.listing(model_dir)
+    if not names or not names <= CLAIM:
+        return False
+    for name in names:
+        remove(join(model_dir, name), within=model_dir)
+    if is_local(model_dir):  # an object store has no empty directories to remove
+        os.rmdir(model_dir)
+    logging.info("removed %s: the run stopped before writing anything into it", model_dir)
+    return True
 
 
 def _check(found: Contents, overwrite: bool) -> None:

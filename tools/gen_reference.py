@@ -123,7 +123,8 @@ def cli_page() -> str:
              "work with every command: `--flagfile=FILE`, `--helpfull`, `-v 1`/`--verbosity` "
              "(shows every library's log lines again). Exit codes: 0 done, 1 a data or runtime "
              "problem (or a failed gate or check), 2 bad flags or config, 143 preempted "
-             "(SIGTERM; the same command resumes).", "",
+             "(SIGTERM; the same command resumes), 141 its output's reader went away (`| head`: "
+             "it ends quietly, as a Unix tool after SIGPIPE).", "",
              "| command | what it does |", "| --- | --- |"]
     lines += [f"| [`{name}`](#tftrain-{name}) | {cell(text)} |"
               for name, text in COMMANDS.items()]

@@ -11,8 +11,10 @@ from __future__ import annotations
 import difflib
 import errno
 import importlib
+import io
 import os
 import re
+import signal
 import sys
 
 from absl import app, flags
@@ -63,8 +65,37 @@ def command_help(name: str, module) -> str:
 
 
 def run(argv: list[str] | None = None) -> None:
-    """The console script: dispatches to a command and exits with its code."""
-    argv = list(sys.argv if argv is None else argv)
+    """The console script: dispatches to a command and exits with its code; quietly with
+    CLOSED_PIPE_EXIT when the reader of its output goes away (`tftrain train --help | head`)."""
+    try:
+        try:
+            _dispatch(list(sys.argv if argv is None else argv))
+        finally:
+            sys.stdout.flush()  # a closed pipe is met here, not by Python at exit
+    except BrokenPipeError:
+        _end_on_closed_pipe()
+
+
+# What a shell reports for a Unix tool whose reader went away (killed by SIGPIPE: 128 + 13).
+CLOSED_PIPE_EXIT = 128 + signal.SIGPIPE
+
+
+def _end_on_closed_pipe() -> None:
+    """Exits with CLOSED_PIPE_EXIT, saying nothing, as a Unix tool does when its output pipe is
+    closed: no traceback, and nothing left to flush (Python would complain about the pipe at
+    exit), so stdout and stderr go to /dev/null."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError, io.UnsupportedOperation):
+            pass  # not a file descriptor (a test capturing the output in memory)
+    os.close(devnull)
+    sys.exit(CLOSED_PIPE_EXIT)
+
+
+def _dispatch(argv: list[str]) -> None:
+    """Runs the command `argv` names (see `run`)."""
     args = argv[1:]
     if not args or args[0] in HELP_ARGS + ("help",):
         print(usage())
@@ -132,6 +163,8 @@ def _guarded(name: str, module):
         except KeyboardInterrupt:
             print(f"{PROG} {name}: interrupted", file=sys.stderr)
             return 130
+        except BrokenPipeError:  # its output's reader went away: `run` ends quietly
+            raise
         except Exception as e:  # noqa: BLE001  (a full disk or a damaged record: one line)
             message = (disk_full_message(name, e) if is_disk_full(e)
                        else damaged_record_message(e) or content_error_message(e)

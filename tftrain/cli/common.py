@@ -18,8 +18,8 @@ _DEFINITIONS = {
         "output", None, "Where the command writes its result: convert, the dataset directory; "
         "evaluate, the metrics JSON. gs:// works."),
     "config": lambda: flags.DEFINE_string(
-        "config", "digits", "Experiment config: a YAML path or the name of a shipped config "
-        "(configs/NAME.yaml)."),
+        "config", "digits", "Experiment config: a YAML path, the name of a shipped config "
+        "(configs/NAME.yaml), or a run directory (the config it trained with: its params.yaml)."),
     "params_override": lambda: flags.DEFINE_string(
         "params_override", "", "Comma-separated config overrides applied last, e.g. "
         "'train.epochs=3,data.batch_size=64'."),
@@ -41,7 +41,9 @@ _DEFINITIONS = {
     "seed": lambda: flags.DEFINE_integer(
         "seed", 0, "Seed: convert, of spreading examples over shards; generate, of the "
         "sampling (the same seed writes the same text)."),
-    "split": lambda: flags.DEFINE_string("split", "test", "Dataset split to use."),
+    "split": lambda: flags.DEFINE_string(
+        "split", None, "Dataset split to measure; default: a run's test split (its "
+        "data.test_split), or test for a dataset given by --data."),
     "pipeline": lambda: flags.DEFINE_string(
         "pipeline", None, "Dataset kind: digits, diabetes, image_folder, csv, numpy, tfds, jsonl, "
         "lmdb, text, or an importable module of your own (my_pkg.my_data)."),

@@ -9,6 +9,8 @@ the model alone is at least 1.25x the input alone, else compute-bound; then up t
 named by their config keys, with the speed-up measured for those it can try here (data.cache,
 train.steps_per_execution). Writes nothing into a run directory; --json saves the numbers.
 Example: tftrain doctor --config=digits --params_override=data.cache=decoded --json=doctor.json
+--config=RUN times a run's own config (its params.yaml: its data section whole, other tools'
+TFRecords included).
 """
 from absl import flags
 

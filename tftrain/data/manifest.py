@@ -10,6 +10,12 @@ Layout:
 
 Assets are files a pipeline keeps beside the shards (a SentencePiece model): named in
 `ASSET_NAMES` only, and read back through `read_asset`, which checks their size and hash.
+
+Versions: `format` names the format's version (`tftrain.dataset/<VERSION>`; a `version` field,
+which other tools write, counts too). Within a version fields are only ever added, never changed
+in meaning: a manifest of this version with fields this tftrain does not know is read, with a
+warning naming them. A manifest of a newer version is refused, naming both versions and the
+upgrade (`check_version`).
 """
 from __future__ import annotations
 
@@ -20,6 +26,9 @@ import re
 
 import tensorflow as tf
 
+from absl import logging
+
+import tftrain
 from tftrain.data.record_file import FRAME_BYTES
 from tftrain.errors import DataError
 from tftrain.fileio import (is_local, is_regular_file, join, read_bytes, read_json,
@@ -29,7 +38,13 @@ MANIFEST_NAME = "dataset.json"
 BAD_ROWS_NAME = "bad_rows.jsonl"
 TOKENIZER_MODEL = "tokenizer.model"
 ASSET_NAMES = (TOKENIZER_MODEL,)  # the only names a dataset's assets may have
-FORMAT = "tftrain.dataset/1"
+FORMAT_NAME = "tftrain.dataset"
+VERSION = 1  # the format version this tftrain writes, and the newest it reads
+FORMAT = f"{FORMAT_NAME}/{VERSION}"
+# The top-level fields of format version 1 (`write`, `writer.write_dataset`, `append.appended`).
+FIELDS = frozenset({"format", "version", "pipeline", "source", "tool_version", "features", "info",
+                    "splits", "bad_rows", "label_key", "workers", "seed", "assets", "stats",
+                    "appends"})
 
 
 def shard_name(split: str, index: int, num_shards: int, generation: int = 0) -> str:
@@ -138,8 +153,7 @@ def validate(manifest, path: str = MANIFEST_NAME) -> Manifest:
     if not isinstance(manifest, dict):
         raise DataError(f"{path} is not a tftrain manifest: it holds a {type(manifest).__name__}, "
                         "not an object; convert the dataset again.")
-    if manifest.get("format") != FORMAT:
-        raise DataError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT!r}.")
+    check_version(manifest, path)
     pipeline = manifest.get("pipeline")
     if not isinstance(pipeline, str) or not pipeline:
         problem("pipeline", f"{pipeline!r} is not a pipeline name")
@@ -166,6 +180,38 @@ def validate(manifest, path: str = MANIFEST_NAME) -> Manifest:
         raise DataError(f"{path} is not a valid tftrain manifest (convert the dataset again): "
                         f"{problems[0]}" + "".join(more))
     return Manifest(pipeline, features, info, splits)
+
+
+def check_version(manifest: dict, path: str) -> None:
+    """Raises DataError for a manifest of another format or of a newer version than `VERSION`;
+    warns (once per path) about the fields of this version that this tftrain does not know."""
+    name, _, number = str(manifest.get("format")).rpartition("/")
+    if name != FORMAT_NAME or not _VERSION.fullmatch(number):
+        raise DataError(f"{path} has format {manifest.get('format')!r}, expected {FORMAT!r}: it "
+                        "is not a tftrain dataset manifest; convert the dataset again.")
+    claimed = manifest.get("version", VERSION)
+    if not _VERSION.fullmatch(str(claimed)) or isinstance(claimed, bool):
+        raise DataError(f"{path}: version {_short(claimed)} is not a format version (a positive "
+                        "integer); convert the dataset again.")
+    version = max(int(number), int(claimed))
+    if version > VERSION:
+        written_by = manifest.get("tool_version")
+        by = f" (written by tftrain {written_by})" if isinstance(written_by, str) else ""
+        raise DataError(f"{path} is dataset format version {version}{by}, newer than this "
+                        f"tftrain {tftrain.__version__} reads (version {VERSION}): upgrade "
+                        "tftrain (pip install --upgrade tftrain), or convert the data again "
+                        "with this one.")
+    unknown = sorted(set(manifest) - FIELDS)
+    if unknown and path not in _WARNED:
+        _WARNED.add(path)
+        logging.warning("%s has field(s) that this tftrain %s does not know: %s; read as "
+                        "dataset format version %d, which they do not change (a later tftrain "
+                        "adds fields only within a version)", path, tftrain.__version__,
+                        ", ".join(_short(name) for name in unknown[:10]), VERSION)
+
+
+_VERSION = re.compile(r"[1-9][0-9]{0,8}")
+_WARNED: set[str] = set()  # manifests already warned about (a run reads its manifest often)
 
 
 def _strings(value) -> bool:

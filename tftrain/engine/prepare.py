@@ -55,21 +55,21 @@ def prepare(config: config_lib.Config, backend: Backend, *, convert_data: bool =
     steps, and builds and compiles the model inside the backend.
 
     `backend` comes first (`backend_choice.create`: no TensorFlow op may run before it). `on_config`
-    receives the resolved config as soon as it is known, and again if converting the dataset
-    resolved more of it (`train` writes it to params.yaml). `convert_data=False` forbids
+    receives the resolved config once everything it describes was built from it (`train` then
+    claims the run directory and writes params.yaml: a refused config leaves none behind).
+    `convert_data=False` forbids
     converting the config's embedded data into a missing dataset (see `ensure_dataset`).
     `train_examples` plans the steps over that many training examples instead of the split's
     (a resumed run keeps the plan it started with when its dataset has grown since).
     """
     config, task = resolve_task(config)  # None while the dataset is still to be converted
-    on_config(config)
     policy = backend.set_up(config)  # seeds, determinism, precision: before any model
     manifest = ensure_dataset(config.data, backend.chief, convert_data)
     if task is None:  # converted just now, or TFRecords of other tools
         config, task = tasks.resolve(config, manifest)
-        on_config(config)
     plan = plan_for(config, manifest, train_examples)
     model, trainer = backend.build(config, manifest, plan)
+    on_config(config)  # valid, and its model built: only now is a run directory created
     return Run(config, backend, manifest, plan, task, model, trainer, policy)
 
 

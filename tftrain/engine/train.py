@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+import tensorflow as tf
 import tf_keras as keras
 
 from tftrain import config as config_lib
@@ -53,9 +54,18 @@ def train(config: config_lib.Config, model_dir: str, *, overwrite: bool = False,
     (see `ensure_dataset`). Raises `preemption.Preempted` (exit code 143) on SIGTERM, after
     backing up.
     """
+    chief = cluster.is_chief()
+    if chief or not overwrite:  # refused before the slow steps; claimed once the config is valid
+        run_dir.check(model_dir, overwrite)
+    created = chief and not tf.io.gfile.exists(model_dir)
     with preemption.SigtermHandler() as sigterm:
         try:
             return run(config, model_dir, overwrite, sigterm, convert_data)
+        except BaseException:
+            run_dir.release(model_dir)
+            if created:  # a run that wrote nothing leaves no directory behind
+                run_dir.discard_unused(model_dir)
+            raise
         finally:  # a run that ended in an error must not keep its directory locked in-process
             run_dir.release(model_dir)
 
@@ -217,20 +227,18 @@ class RunSummary:
 
 
 class RunDirectory:
-    """The run directory's side of `prepare`: `record(config)` claims it (the chief locks it;
-    a run that is not the chief's only checks it) and writes the resolved config to
-    params.yaml, from the chief only."""
+    """The run directory's side of `prepare`: `record(config)`, called once the config is
+    valid, claims it (the chief creates and locks it; a run that is not the chief's only checks
+    it) and writes the resolved config to params.yaml, from the chief only."""
 
     def __init__(self, model_dir: str, overwrite: bool, chief: bool):
         self.model_dir, self.overwrite, self.chief = model_dir, overwrite, chief
-        self.claimed = False
 
     def record(self, config: config_lib.Config) -> None:
-        """Claims the directory the first time; writes params.yaml (chief) every time."""
+        """Claims the directory; writes params.yaml (chief)."""
         params_yaml = config_lib.to_yaml(config)
-        if not self.claimed and (self.chief or not self.overwrite):
+        if self.chief or not self.overwrite:
             run_dir.prepare(self.model_dir, self.overwrite, params_yaml, chief=self.chief)
-        self.claimed = True
         if self.chief:
             write_atomic(join(self.model_dir, run_dir.PARAMS), params_yaml)
 

@@ -16,7 +16,7 @@ import tf_keras as keras
 from tftrain import config as config_lib
 from tftrain import data as data_lib
 from tftrain import run_dir, tasks
-from tftrain.engine import export, model_code
+from tftrain.engine import export, model_code, run_config
 from tftrain.data import manifest as manifest_lib
 from tftrain.errors import ConfigError, DataError, TftrainError
 from tftrain.fileio import join, read_json, write_json
@@ -46,30 +46,48 @@ def load_saved_model(path: str, allow_python: bool = False):
 
 
 DEFAULT_BATCH_SIZE = 256  # a model from outside a run
+DEFAULT_SPLIT = "test"  # of a dataset given by --data
 
 
-def evaluate(model_path: str, data_dir: str, split: str, batch_size: int | None = None,
-             output: str | None = None, pipeline: str | None = None,
-             pipeline_options: dict | None = None, allow_python: bool = False,
-             steps: int = 0) -> dict:
+def evaluate(model_path: str, data_dir: str | None = None, split: str | None = None,
+             batch_size: int | None = None, output: str | None = None,
+             pipeline: str | None = None, pipeline_options: dict | None = None,
+             allow_python: bool = False, steps: int = 0) -> dict:
     """Evaluates a SavedModel (or .tflite file) on `split` with its task's metrics (see the
-    module docstring); writes and returns them, with `num_examples` (the examples measured,
-    counted) and `steps` (the bound: at most that many batches of the split; 0, the whole
-    split; see `tftrain.optimize.bounds`).
+    module docstring); writes and returns them, with `split`, `num_examples` (the examples
+    measured, counted) and `steps` (the bound: at most that many batches of the split; 0, the
+    whole split; see `tftrain.optimize.bounds`).
 
-    `pipeline`: `data_dir` holds TFRecords another tool wrote, read with that pipeline's schema
-    (see `tftrain.data.load`). `allow_python`: load a SavedModel even if it carries Python code.
-    `batch_size` None: the run's `data.batch_size` (`check_batch_size`).
+    `data_dir` None: the model's run's data, read as the run read it (its params.yaml's whole
+    `data` section, `engine.run_config.RunData`), and `split` None its test split. Else
+    `split` None is `test`, and `pipeline`: `data_dir` holds TFRecords another tool wrote, read
+    with that pipeline's schema (see `tftrain.data.load`). `allow_python`: load a SavedModel even
+    if it carries Python code. `batch_size` None: the run's `data.batch_size`
+    (`check_batch_size`).
     """
     steps = bounds.check_steps(steps)
-    params = run_params_values(model_path)
+    run = run_config.run_of(model_path)
+    params = config_lib.read_yaml(join(run, run_dir.PARAMS)) if run else None
     batch_size = check_batch_size(batch_size, params)
+    config = run_data = None
+    if data_dir is None:  # the run's own data, as it read it
+        if run is None:
+            raise ConfigError(f"--data is missing, and {model_path} lies in no run directory "
+                              f"(no {run_dir.PARAMS} beside its export/, pruned/ or quantized/) "
+                              "whose data it could be evaluated on: pass --data=DIR")
+        config = run_config.read(run)
+        run_data, data_dir = run_config.RunData(config.data), config.data.dir
+    split = run_data.split(split) if run_data else split or DEFAULT_SPLIT
     output = output or join(os.path.dirname(_export_dir(model_path)) or ".", f"eval_{split}.json")
     check_output_replaceable(output)  # before the work: a user's own file there is kept
-    dataset = bounds.bounded(data_lib.load(data_dir, split, batch_size, training=False,
-                                           pipeline=pipeline, pipeline_options=pipeline_options),
-                             steps)
-    task = task_of(params, data_dir, pipeline)
+    if run_data:
+        task = run_config.run_task(config)
+        dataset = run_data.load(split, batch_size)
+    else:
+        task = task_of(params, data_dir, pipeline)
+        dataset = data_lib.load(data_dir, split, batch_size, training=False, pipeline=pipeline,
+                                pipeline_options=pipeline_options)
+    dataset = bounds.bounded(dataset, steps)
     if model_path.endswith(".tflite"):
         from tftrain.optimize.tflite_eval import evaluate_tflite
 
@@ -79,8 +97,9 @@ def evaluate(model_path: str, data_dir: str, split: str, batch_size: int | None 
         model = load_saved_model(model_path, allow_python)
         check_inputs_fit(model, dataset.element_spec[0], f"{data_dir} (split {split!r})")
         metrics, num_examples = metrics_lib.keras_measure(model, dataset, task)
-    metrics = {**metrics, "num_examples": num_examples, "steps": steps, "batch_size": batch_size}
-    result = {"model": model_path, "data": data_dir, "split": split, "task": task.name,
+    metrics = {**metrics, "split": split, "num_examples": num_examples, "steps": steps,
+               "batch_size": batch_size}
+    result = {"model": model_path, "data": data_dir, "task": task.name,
               "written_by": WRITTEN_BY, **metrics}
     write_json(output, result)
     return metrics
@@ -105,7 +124,7 @@ def check_output_replaceable(output: str) -> None:
 
 def task_of(params: dict | None, data_dir: str, pipeline: str | None = None):
     """The task that scores a model on `data_dir` (see the module docstring): `params`, its
-    run's params.yaml (`run_params_values`), else the one the dataset's label implies."""
+    run's params.yaml, else the one the dataset's label implies."""
     config = config_lib.Config()
     config.data.dir = data_dir
     if params is not None:
@@ -132,27 +151,6 @@ def check_batch_size(batch_size: int | None, params: dict | None) -> int:
         raise ConfigError(f"--batch_size={batch_size} must be >= 1: the examples per "
                           "evaluation step (leave it out for the run's data.batch_size)")
     return int(batch_size)
-
-
-def run_params_values(model_path: str) -> dict | None:
-    """The settings in the params.yaml of the run `model_path` belongs to, or None."""
-    params = run_params(model_path)
-    return config_lib.read_yaml(params) if params else None
-
-
-def run_params(model_path: str) -> str | None:
-    """The params.yaml of the run `model_path` belongs to (RUN/export[/<version>], RUN/pruned,
-    RUN/quantized/model.tflite), or None."""
-    path = model_path.rstrip("/")
-    for _ in range(3):
-        parent = os.path.dirname(path)
-        if os.path.basename(path) in (run_dir.EXPORT, run_dir.PRUNED, run_dir.QUANTIZED):
-            found = join(parent, run_dir.PARAMS)
-            return found if tf.io.gfile.exists(found) else None
-        if not parent or parent == path:
-            return None
-        path = parent
-    return None
 
 
 def _export_dir(model_path: str) -> str:

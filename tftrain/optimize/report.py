@@ -290,19 +290,21 @@ def measured_of(entry: dict, prefix: str = "", measure: str | None = None) -> di
 
 
 def make_row(name: str, measured: dict, float_row: dict | None, note: str = "",
-             timing_reference: dict | None = None) -> dict:
+             timing_reference: dict | None = None, split: str | None = None) -> dict:
     """One row of the comparison table.
 
     `measured`: the model's numbers (see `measured_of`); `float_row`: the reference (None for
     float itself); `timing_reference`: the float model's numbers from the same interleaved
-    timing as this model, when that was not `float_row`'s (times compare only within one).
+    timing as this model, when that was not `float_row`'s (times compare only within one);
+    `split`: the split it was measured on.
     """
-    return {"model": name, **measured, "float": float_row, "note": note,
+    return {"model": name, **measured, "split": split, "float": float_row, "note": note,
             "timing_reference": timing_reference or float_row}
 
 
 def comparison_rows(run_dir: str) -> list[dict]:
-    """The measured models of a run: float first, then pruned, then each quantized model."""
+    """The measured models of a run: float first, then pruned, then each quantized model; each
+    row names the split it was measured on (`split`, None in reports that do not say)."""
     quantized = []
     qdir = join(run_dir, QUANTIZED)
     if tf.io.gfile.isdir(qdir):
@@ -315,10 +317,11 @@ def comparison_rows(run_dir: str) -> list[dict]:
     if reference:
         float_row = make_row("float", measured_of(reference, "float_"), None,
                              KERAS_REFERENCE_NOTE if reference.get("reference") == "keras"
-                             else "")
+                             else "", split=reference.get("split"))
     elif pruned and "float_tflite" in pruned:
         float_row = make_row("float", measured_of(pruned["float_tflite"],
-                                                  measure=pruned.get("measure")), None)
+                                                  measure=pruned.get("measure")), None,
+                             split=pruned.get("split"))
     rows = [float_row] if float_row else []
     if pruned and "tflite" in pruned:
         sparsity = (f"{pruned['sparsity_m_by_n']} sparsity" if pruned.get("sparsity_m_by_n")
@@ -326,13 +329,14 @@ def comparison_rows(run_dir: str) -> list[dict]:
         measure = pruned.get("measure")
         rows.append(make_row("pruned", measured_of(pruned["tflite"], measure=measure), float_row,
                              sparsity, pruned.get("float_tflite") and measured_of(
-                                 pruned["float_tflite"], measure=measure)))
+                                 pruned["float_tflite"], measure=measure),
+                             split=pruned.get("split")))
     order = {"dynamic": 0, "int8": 1, "float16": 2, "qat": 3}
     for r in sorted(quantized, key=lambda r: (r["source"] != "export", order.get(r["mode"], 9))):
         rows.append(make_row(model_name(r["mode"], r["source"]), measured_of(r), float_row,
                              "" if r.get("passed", True) else
                              f"FAILED {r.get('measure', 'accuracy')} gate",
-                             measured_of(r, "float_")))
+                             measured_of(r, "float_"), split=r.get("split")))
     return rows
 
 
@@ -396,15 +400,21 @@ def format_table(rows: list[dict]) -> str:
 
 
 def _examples_line(rows: list[dict]) -> str | None:
-    """`examples measured: 64 per model`, or each model's count when they differ (a report
-    bounded by --steps beside one that was not); None when no report says."""
+    """`examples measured: 64 per model, split test`, or each model's count (and split) when
+    they differ (a report bounded by --steps beside one that was not); None when no report
+    says."""
     counts = {row["model"]: row.get("num_examples") for row in rows
               if row.get("num_examples") is not None}
     if not counts:
         return None
-    if len(counts) == len(rows) and len(set(counts.values())) == 1:
-        return f"examples measured: {next(iter(counts.values()))} per model"
-    return "examples measured: " + ", ".join(f"{model} {n}" for model, n in counts.items())
+    splits = {row["model"]: row.get("split") for row in rows if row.get("split")}
+    if len(counts) == len(rows) and len(set(counts.values())) == 1 and len(
+            set(splits.values())) <= 1:
+        where = f", split {next(iter(splits.values()))}" if splits else ""
+        return f"examples measured: {next(iter(counts.values()))} per model{where}"
+    return "examples measured: " + ", ".join(
+        f"{model} {n}" + (f" ({splits[model]})" if model in splits else "")
+        for model, n in counts.items())
 
 
 def _times_line(rows: list[dict]) -> str | None:

@@ -1,6 +1,7 @@
 """`tftrain prune` and `tftrain quantize` over a run directory, under the run's own config.
 
-Both read the run's `params.yaml` (strategy, data, batch size, optimizer), load `export/` (or
+Both read the run's `params.yaml` (strategy, its whole data section through
+`engine.run_config.RunData`, batch size, optimizer), load `export/` (or
 `pruned/`), measure every result against the float model on the evaluation split (or on its
 first `eval_steps` batches, the same for every model: `tftrain.optimize.bounds`), and write a
 report before any gate can fail, so a failed run still leaves its numbers behind.
@@ -15,12 +16,11 @@ import tf_keras as keras
 from absl import logging
 
 from tftrain import config as config_lib
-from tftrain import data as data_lib
-from tftrain import run_dir, tasks
-from tftrain.engine import export, train
+from tftrain import run_dir
+from tftrain.engine import export, run_config, train
 from tftrain.training import optimizers
 from tftrain.runtime import cluster, distribute
-from tftrain.data import foreign, reader
+from tftrain.data import reader
 from tftrain.data import manifest as manifest_lib
 from tftrain.errors import ConfigError, TftrainError
 from tftrain.fileio import join, remove, write_atomic, write_json
@@ -34,24 +34,6 @@ SOURCES = ("export", "pruned")
 # In quantized/ while `tftrain quantize` runs: the model as a plain float32 SavedModel, which
 # every post-training conversion reads (`quantize.save_float32`); removed before it ends.
 FLOAT32_SAVED_MODEL = "float32_saved_model.tmp"
-
-
-def load_run_config(model_dir: str, strategy_name: str | None = None) -> config_lib.Config:
-    """The resolved config of a finished run (`params.yaml`), optionally with another strategy."""
-    params = join(model_dir, run_dir.PARAMS)
-    if not tf.io.gfile.exists(params):
-        raise TftrainError(f"{model_dir} is not a tftrain run directory (no {run_dir.PARAMS}); "
-                           "pass the --model_dir of a `tftrain train` run.")
-    config = config_lib.from_yaml_file(params)
-    if strategy_name:
-        config.runtime.strategy = strategy_name
-        config_lib.validate(config)
-    return config
-
-
-def run_task(config: config_lib.Config):
-    """The task a finished run trained (its params.yaml's `task`), on its dataset."""
-    return tasks.from_config(config, foreign.read_manifest(config.data), training=False)
 
 
 def check_gate(task, max_change: float | None, flag: str) -> None:
@@ -93,24 +75,23 @@ def _strategy(config: config_lib.Config):
 
 
 def _eval_data(config: config_lib.Config, split: str | None, steps: int | None = None):
-    """`(split, dataset)`: the evaluation split (default: the run's test split) in the run's
-    batches, bounded to its first `steps` batches (None or 0: all of them)."""
-    split = split or config.data.test_split
-    dataset = data_lib.load(config.data.dir, split, config.data.batch_size, training=False,
-                            **foreign.load_kwargs(config.data))
-    return split, bounds.bounded(dataset, steps or 0)
+    """`(split, dataset)`: the evaluation split (default: the run's test split) read as the
+    run reads it, in its batches, bounded to its first `steps` batches (None or 0: all)."""
+    data = run_config.RunData(config.data)
+    split = data.split(split)
+    return split, bounds.bounded(data.load(split), steps or 0)
 
 
 def _train_data(config: config_lib.Config, strategy):
     """The run's training input (same reader, split, global batch, shuffling), repeated, and the
     number of steps in one pass over it."""
-    num_examples = manifest_lib.typed(foreign.read_manifest(config.data)).examples(
-        config.data.train_split)
+    data = run_config.RunData(config.data)
+    num_examples = manifest_lib.typed(data.manifest()).examples(config.data.train_split)
     steps_per_epoch = config.train.steps_per_epoch or max(1, num_examples // config.data.batch_size)
     dataset = reader.load_distributed(
         strategy, config.data.dir, config.data.train_split, config.data.batch_size, training=True,
         shuffle_buffer=config.data.shuffle_buffer, cache=config.data.cache, repeat=True,
-        seed=config.train.seed, **foreign.load_kwargs(config.data))
+        seed=config.train.seed, **data.load_kwargs())
     return dataset, steps_per_epoch
 
 
@@ -164,8 +145,8 @@ def _timed(measured: dict, eval_data, num_threads: int,
 def _run_and_task(model_dir: str, strategy_name: str | None):
     """`(config, task)` of a finished run: its params.yaml (optionally with another strategy)
     and the task it trained."""
-    config = load_run_config(model_dir, strategy_name)
-    return config, run_task(config)
+    config = run_config.read(model_dir, strategy_name)
+    return config, run_config.run_task(config)
 
 
 def _output_dir(model_dir: str, name: str) -> str:
@@ -492,9 +473,8 @@ def _quantize(saved: str, model, mode: str, config: config_lib.Config, task,
         return quantize.convert(trained, mode, int8_io=options.int8_io_for(mode)), extra
     calibration, extra = None, {}
     if mode == "int8":
-        calibration = data_lib.load(config.data.dir, config.data.train_split,
-                                    config.data.batch_size, training=True,
-                                    seed=config.train.seed)
+        calibration = run_config.RunData(config.data).load(
+            config.data.train_split, training=True, seed=config.train.seed)
         extra = {"num_calibration_examples": options.num_calibration_examples}
     content = quantize.convert_saved_model(
         saved, mode, representative_data=calibration,
