@@ -15,8 +15,9 @@ import yaml
 
 import tftrain
 from tftrain import models, tasks
+from tftrain.tasks import class_weights
 from tftrain.config_schema import (  # noqa: F401  (the schema is part of this module's API)
-    ASYNC_BACKUP, CACHE_MODES, CHOICES, CLUSTERS, DATA_FORMATS, JIT_COMPILE, LR_SCHEDULES, MONITORS,
+    ASYNC_BACKUP, CACHE_MODES, CHOICES, CLASS_WEIGHTS, CLUSTERS, DATA_FORMATS, JIT_COMPILE, LR_SCHEDULES, MONITORS,
     ON_NAN, OPTIMIZERS, PIPELINE_SCHEDULES, PRECISIONS, SERVICE_MODES, STRATEGIES, TASK_LOSSES,
     TASK_TYPES, Config, DataConfig, ModelConfig, RuntimeConfig, TaskConfig, TrainConfig,
     WholeMapping, all_keys, apply_values, check_divisible, profile_steps, to_dict, to_yaml)
@@ -276,6 +277,7 @@ def check_task(config: Config) -> None:
                           f"choose auto or one of {', '.join(losses)}")
     if task.type != "auto":
         tasks.TASKS[task.type].check_monitor(config.train.monitor)
+    class_weights.check_setting(config.train.class_weight, task.type)
 
 def from_yaml_file(path: str) -> Config:
     """Reads a resolved config (e.g. a run's params.yaml) strictly, and validates it."""

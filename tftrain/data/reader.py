@@ -252,7 +252,8 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
          deterministic: bool | None = None, last_stage: str = "decode",
          start_batch: int = 0, autotune: bool = True, trusted_pipeline: str | None = None,
          shard_sets: Sequence[tuple[int, Sequence[str]]] = (),
-         worker_slice: WorkerSlice | None = None) -> tf.data.Dataset:
+         worker_slice: WorkerSlice | None = None,
+         label_weights: Sequence[float] | None = None) -> tf.data.Dataset:
     """Returns a batched dataset of `(inputs, label)` read from `data_dir`'s `split`.
 
     `batch_size` is the size of the batches this pipeline yields. Under a strategy, use
@@ -296,6 +297,8 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     their parsed features, "decode" (the default) `(inputs, label)`.
     `worker_slice`: one worker's part of each batch (taken before parsing; a pipeline run's
     workers read the same batches, each trains on its part).
+    `label_weights` (one per integer label value, `train.class_weight`): the batches become
+    `(inputs, label, sample_weight)`, each example weighted by its label's entry.
     """
     options = ReadOptions(
         training=training, shuffle_buffer=shuffle_buffer, cache=cache,
@@ -322,7 +325,23 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     if cache != "decoded":
         dataset = dataset.map(parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE,
                               deterministic=options.deterministic)
+    if label_weights is not None and last_stage == "decode":
+        dataset = dataset.map(weighted_by_label(label_weights))
     return _finished(dataset, options, input_context)
+
+
+def weighted_by_label(label_weights: Sequence[float]):
+    """The map from a batch `(inputs, label)` to `(inputs, label, sample_weight)`: each
+    example's weight is `label_weights[its label]` (a scalar integer label per example)."""
+    table = tf.constant(list(label_weights), tf.float32)
+
+    @tf.autograph.experimental.do_not_convert  # plain TF ops
+    def weighted(inputs, label):
+        weight = tf.reshape(tf.gather(table, tf.cast(label, tf.int32)), tf.shape(label)[:1])
+        weight.set_shape(label.shape[:1])
+        return inputs, label, weight
+
+    return weighted
 
 
 @dataclasses.dataclass(frozen=True)
