@@ -17,10 +17,11 @@ import tftrain
 from tftrain import models, tasks
 from tftrain.tasks import class_weights
 from tftrain.config_schema import (  # noqa: F401  (the schema is part of this module's API)
-    ASYNC_BACKUP, CACHE_MODES, CHOICES, CLASS_WEIGHTS, CLUSTERS, DATA_FORMATS, JIT_COMPILE, LR_SCHEDULES, MONITORS,
-    ON_NAN, OPTIMIZERS, PIPELINE_SCHEDULES, PRECISIONS, SERVICE_MODES, STRATEGIES, TASK_LOSSES,
-    TASK_TYPES, Config, DataConfig, ModelConfig, RuntimeConfig, TaskConfig, TrainConfig,
-    WholeMapping, all_keys, apply_values, check_divisible, profile_steps, to_dict, to_yaml)
+    ASYNC_BACKUP, CACHE_MODES, CHOICES, CLASS_WEIGHTS, CLUSTERS, DATA_FORMATS, JIT_COMPILE,
+    LR_SCHEDULES, MONITORS, ON_NAN, OPTIMIZERS, PIPELINE_SCHEDULES, PRECISIONS, SERVICE_MODES,
+    STRATEGIES, TASK_LOSSES, TASK_TYPES, Config, DataConfig, ModelConfig, RuntimeConfig,
+    TaskConfig, TrainConfig, WholeMapping, all_keys, apply_values, check_divisible,
+    profile_steps, to_dict, to_yaml)
 from tftrain.errors import ConfigError
 from tftrain.runtime import dtensor_layouts, pipeline_schedule
 from tftrain.yaml_file import MAX_YAML_BYTES, MAX_YAML_NODES, load_yaml, read_yaml  # noqa: F401

@@ -29,9 +29,9 @@ SERVICE_MODES = ("parallel_epochs", "distributed_epoch")
 CACHE_MODES = ("none", "records", "decoded")  # what tftrain.data.load keeps in memory
 DATA_FORMATS = ("tftrain", "tfrecord")  # a tftrain dataset, or TFRecords other tools wrote
 LR_SCHEDULES = ("constant", "step", "cosine", "plateau")
-ON_NAN = ("stop", "rollback")
-# train.class_weight, as a word (else a mapping {class name or id: weight}; tftrain/tasks/class_weights.py)
-CLASS_WEIGHTS = ("none", "balanced")  # train.on_nan: what a NaN/Inf loss does (callbacks/divergence.py)
+ON_NAN = ("stop", "rollback")  # train.on_nan: what a NaN/Inf loss does (callbacks/divergence.py)
+# train.class_weight as a word; else a mapping {class name or id: weight} (tasks/class_weights.py)
+CLASS_WEIGHTS = ("none", "balanced")
 # train.monitor: auto is the task's own (val_accuracy for classifiers, val_rmse for regression,
 # val_loss for language models)
 MONITORS = ("auto", "val_accuracy", "val_loss", "accuracy", "loss", "val_rmse", "val_mae",

@@ -2,8 +2,9 @@
 
 The table has a row per run: its epochs, the task's metrics on the evaluation split
 (`summary.json` `eval`: a classifier's include its macro-F1) and on the validation split (the
-last epoch's), training speed, strategy and replicas, precision, and the accuracy and gzip size of each pruned or quantized model that
-`tftrain prune` / `tftrain quantize` measured (their report.json files). The picture has one
+last epoch's), training speed, strategy and replicas, precision, and the accuracy and gzip size
+of each pruned or quantized model that `tftrain prune` / `tftrain quantize` measured (their
+report.json files). The picture has one
 subplot per validation metric and one line per run, from each run's `curves.json`.
 
 An unfinished run (no summary.json yet: still training, or killed) is shown with what it has:

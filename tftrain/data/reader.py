@@ -297,8 +297,7 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     their parsed features, "decode" (the default) `(inputs, label)`.
     `worker_slice`: one worker's part of each batch (taken before parsing; a pipeline run's
     workers read the same batches, each trains on its part).
-    `label_weights` (one per integer label value, `train.class_weight`): the batches become
-    `(inputs, label, sample_weight)`, each example weighted by its label's entry.
+    `label_weights` (one per class id, `train.class_weight`): `(inputs, label, sample_weight)`.
     """
     options = ReadOptions(
         training=training, shuffle_buffer=shuffle_buffer, cache=cache,
@@ -322,12 +321,21 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     dataset = examples.batch(batch_size, drop_remainder=options.drop_remainder)
     dataset = _with_known_size(dataset, options, source, input_context, batch_size)
     dataset = dataset.map(worker_slice.of) if worker_slice else dataset
-    if cache != "decoded":
+    dataset = _decoded(dataset, options, parse_and_decode, label_weights)
+    return _finished(dataset, options, input_context)
+
+
+def _decoded(dataset: tf.data.Dataset, options: ReadOptions, parse_and_decode,
+             label_weights: Sequence[float] | None) -> tf.data.Dataset:
+    """Batches of records parsed and decoded (`cache=decoded` did it before batching), each
+    example given its label's entry of `label_weights` as its sample weight when they are given
+    and the batches are decoded."""
+    if options.cache != "decoded":
         dataset = dataset.map(parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE,
                               deterministic=options.deterministic)
-    if label_weights is not None and last_stage == "decode":
+    if label_weights is not None and options.last_stage == "decode":
         dataset = dataset.map(weighted_by_label(label_weights))
-    return _finished(dataset, options, input_context)
+    return dataset
 
 
 def weighted_by_label(label_weights: Sequence[float]):

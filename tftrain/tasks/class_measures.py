@@ -16,11 +16,17 @@ import io
 
 import numpy as np
 
-from tftrain.tasks.classification import predicted_classes
-
 MAX_CLASSES = 1000  # beyond this, no matrix (1000 x 1000 counts: 8 MB): per-class measures skipped
 ANNOTATED_CLASSES = 20  # counts written in the cells up to this many classes
 MAX_TICK_LABELS = 50  # class names on the axes: every k-th beyond this many classes
+
+
+def predicted_classes(outputs) -> np.ndarray:
+    """Class ids from a batch of scores: argmax over classes, or `> 0.5` for one sigmoid unit."""
+    outputs = np.asarray(outputs)
+    if outputs.ndim == 1 or outputs.shape[-1] == 1:
+        return (outputs.reshape(len(outputs)) > 0.5).astype(np.int64)
+    return outputs.reshape(len(outputs), -1).argmax(axis=-1)
 
 
 class ConfusionMatrix:

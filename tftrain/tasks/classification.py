@@ -9,14 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from tftrain.tasks.base import Task, as_rows
-
-
-def predicted_classes(outputs) -> np.ndarray:
-    """Class ids from a batch of scores: argmax over classes, or `> 0.5` for one sigmoid unit."""
-    outputs = np.asarray(outputs)
-    if outputs.ndim == 1 or outputs.shape[-1] == 1:
-        return (outputs.reshape(len(outputs)) > 0.5).astype(np.int64)
-    return outputs.reshape(len(outputs), -1).argmax(axis=-1)
+from tftrain.tasks.class_measures import MAX_CLASSES, ConfusionMatrix, predicted_classes
 
 
 def count_correct(outputs, labels) -> int:
@@ -75,8 +68,6 @@ class ClassificationTask(Task):
         return ["accuracy"]
 
     def confusion(self):
-        from tftrain.tasks.class_measures import MAX_CLASSES, ConfusionMatrix
-
         if self.num_classes > MAX_CLASSES:
             return None
         return ConfusionMatrix(self.num_classes)
