@@ -21,6 +21,7 @@ from tftrain.data import manifest as manifest_lib
 from tftrain.data import reader
 from tftrain.errors import ConfigError
 from tftrain.tasks import class_measures, class_weights
+from tftrain.tasks.classification import ClassificationTask
 
 SEED = 0
 SIZES = {"train": 600, "validation": 200, "test": 1000}
@@ -176,7 +177,7 @@ def test_per_class_measures_are_scikit_learns():
     outputs = rng.normal(size=(300, classes))
     outputs[np.arange(300), labels] += 1.0
     outputs[:, 3] -= 10.0  # ... and class 3 is never predicted
-    matrix = class_measures.ConfusionMatrix(classes)
+    matrix = ClassificationTask({}, num_classes=classes).confusion()
     for start in range(0, 300, 64):  # uneven batches
         matrix.add(outputs[start:start + 64], labels[start:start + 64])
     names = ["a", "b", "c", "d", "e"]
@@ -256,3 +257,14 @@ def test_mirrored_replicas_train_on_the_weights_too(runs, cli, tmp_path):
     assert summary["num_replicas"] == 2
     plain = runs["none_summary"]["eval"]["per_class"]["1"]["recall"]
     assert summary["eval"]["per_class"]["1"]["recall"] >= plain + 0.5, summary["eval"]
+
+
+def test_a_matrix_sized_by_the_outputs_stops_at_max_classes():
+    """A model scored without a known class count (other tools' TFRecords) sizes its matrix
+    by its outputs: one over MAX_CLASSES wide counts nothing rather than allocating it."""
+    wide = ClassificationTask({}).confusion()
+    wide.add(np.zeros((4, class_measures.MAX_CLASSES + 1)), np.zeros(4))
+    assert wide.measures() == {}
+    sigmoid = ClassificationTask({}).confusion()
+    sigmoid.add(np.array([[0.9], [0.2], [0.7]]), np.array([1, 0, 0]))
+    assert sigmoid.measures()["confusion_matrix"] == [[1, 1], [0, 1]]

@@ -37,6 +37,8 @@ def measure(model: keras.Model, task, config: config_lib.Config, model_dir: str,
     for inputs, labels in dataset:
         matrix.add(predict(inputs).numpy(), labels.numpy())
     measures = matrix.measures(task.class_names())
+    if not measures:
+        return {}
     title = f"{posixpath.basename(model_dir.rstrip('/'))}, split {data.test_split}"
     write_atomic(join(model_dir, run_dir.CONFUSION_PNG), class_measures.render_png(measures, title))
     return measures

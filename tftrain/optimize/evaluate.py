@@ -83,13 +83,13 @@ def evaluate(model_path: str, data_dir: str, split: str, batch_size: int | None 
         model = load_saved_model(model_path, allow_python)
         check_inputs_fit(model, dataset.element_spec[0], f"{data_dir} (split {split!r})")
         metrics, num_examples = metrics_lib.keras_measure(model, dataset, task, confusion)
-    if confusion is not None:
-        metrics = {**metrics, **confusion.measures(task.class_names())}
-    metrics = {**metrics, "num_examples": num_examples, "steps": steps, "batch_size": batch_size}
+    measures = confusion.measures(task.class_names()) if confusion is not None else {}
+    metrics = {**metrics, **measures, "num_examples": num_examples, "steps": steps,
+               "batch_size": batch_size}
     result = {"model": model_path, "data": data_dir, "split": split, "task": task.name,
               "written_by": WRITTEN_BY, **metrics}
     write_json(output, result)
-    if confusion is not None:
+    if measures:
         write_atomic(confusion_png(output), class_measures.render_png(
             metrics, f"{os.path.basename(model_path.rstrip('/'))}, split {split}"))
     return metrics

@@ -21,43 +21,43 @@ ANNOTATED_CLASSES = 20  # counts written in the cells up to this many classes
 MAX_TICK_LABELS = 50  # class names on the axes: every k-th beyond this many classes
 
 
-def predicted_classes(outputs) -> np.ndarray:
-    """Class ids from a batch of scores: argmax over classes, or `> 0.5` for one sigmoid unit."""
-    outputs = np.asarray(outputs)
-    if outputs.ndim == 1 or outputs.shape[-1] == 1:
-        return (outputs.reshape(len(outputs)) > 0.5).astype(np.int64)
-    return outputs.reshape(len(outputs), -1).argmax(axis=-1)
-
-
 class ConfusionMatrix:
     """Counts of (true class, predicted class) over the batches `add`ed.
 
     Args:
         num_classes: the classes; 0 or None: taken from the first batch's outputs (their width,
-            2 for a single sigmoid unit).
+            2 for a single sigmoid unit; over MAX_CLASSES, nothing is counted and `measures` is
+            empty).
+        classify: the task's class ids of a batch of outputs
+            (`tasks.classification.predicted_classes`).
     """
 
-    def __init__(self, num_classes: int | None = None):
+    def __init__(self, num_classes: int | None, classify):
         self.counts = np.zeros((num_classes, num_classes), np.int64) if num_classes else None
+        self.classify = classify
 
     def add(self, outputs, labels) -> None:
         """Counts a batch: `outputs` the model's scores (one row per example), `labels` the
         integer class ids."""
         outputs = np.asarray(outputs)
         if self.counts is None:
-            width = outputs.reshape(len(outputs), -1).shape[-1]
-            self.counts = np.zeros((max(2, width),) * 2, np.int64)
+            width = max(2, outputs.reshape(len(outputs), -1).shape[-1])
+            self.counts = np.zeros((width,) * 2 if width <= MAX_CLASSES else (0, 0), np.int64)
+        if not self.counts.size:
+            return
         truth = np.asarray(labels).reshape(-1).astype(np.int64)
-        predicted = predicted_classes(outputs)
+        predicted = np.asarray(self.classify(outputs)).reshape(-1)
         size = len(self.counts)
         valid = (truth >= 0) & (truth < size) & (predicted >= 0) & (predicted < size)
         np.add.at(self.counts, (truth[valid], predicted[valid]), 1)
 
     def measures(self, class_names=None) -> dict:
         """`per_class`, `macro_f1`, `confusion_matrix` and `class_names` (see the module
-        docstring); the names
-        are `class_names` when they name every class once, else the class ids."""
-        counts = self.counts if self.counts is not None else np.zeros((0, 0), np.int64)
+        docstring); the names are `class_names` when they name every class once, else the
+        class ids. Empty when nothing could be counted (too many classes)."""
+        if self.counts is None or not self.counts.size:  # nothing counted, or too many classes
+            return {}
+        counts = self.counts
         precision, recall, f1, support = _rates(counts)
         present = (counts.sum(axis=0) + support) > 0
         names = labels_of(class_names, len(counts))

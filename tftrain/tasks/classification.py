@@ -9,7 +9,15 @@ from __future__ import annotations
 import numpy as np
 
 from tftrain.tasks.base import Task, as_rows
-from tftrain.tasks.class_measures import MAX_CLASSES, ConfusionMatrix, predicted_classes
+from tftrain.tasks.class_measures import MAX_CLASSES, ConfusionMatrix
+
+
+def predicted_classes(outputs) -> np.ndarray:
+    """Class ids from a batch of scores: argmax over classes, or `> 0.5` for one sigmoid unit."""
+    outputs = np.asarray(outputs)
+    if outputs.ndim == 1 or outputs.shape[-1] == 1:
+        return (outputs.reshape(len(outputs)) > 0.5).astype(np.int64)
+    return outputs.reshape(len(outputs), -1).argmax(axis=-1)
 
 
 def count_correct(outputs, labels) -> int:
@@ -70,7 +78,7 @@ class ClassificationTask(Task):
     def confusion(self):
         if self.num_classes > MAX_CLASSES:
             return None
-        return ConfusionMatrix(self.num_classes)
+        return ConfusionMatrix(self.num_classes, predicted_classes)
 
     def evaluate(self, outputs, labels) -> dict[str, float]:
         outputs = np.asarray(outputs)
