@@ -205,6 +205,8 @@ def test_per_class_measures_are_scikit_learns():
     ("{1: 0}", r"the weight of class 1 is 0, not a positive number"),
     ("balance", r"train.class_weight='balance' is not one of none, balanced .*did you mean "
                 r"'balanced'"),
+    ("[1, 2]", r"config key 'train.class_weight' must be of type str or dict, got \[1, 2\]"),
+    ("{}", r"train.class_weight=\{\} names no class"),
 ])
 def test_bad_weights_are_one_line_before_tensorflow_runs(setting, match):
     with pytest.raises(ConfigError, match=match):
