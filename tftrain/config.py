@@ -17,11 +17,13 @@ import yaml
 
 import tftrain
 from tftrain import models, tasks
+from tftrain.tasks import class_weights
 from tftrain.config_schema import (  # noqa: F401  (the schema is part of this module's API)
-    ASYNC_BACKUP, CACHE_MODES, CHOICES, CLUSTERS, DATA_FORMATS, JIT_COMPILE, LR_SCHEDULES, MONITORS,
-    ON_NAN, OPTIMIZERS, PARAMS, PIPELINE_SCHEDULES, PRECISIONS, SERVICE_MODES, STRATEGIES, TASK_LOSSES,
-    TASK_TYPES, Config, DataConfig, ModelConfig, RuntimeConfig, TaskConfig, TrainConfig,
-    WholeMapping, all_keys, apply_values, check_divisible, profile_steps, to_dict, to_yaml)
+    ASYNC_BACKUP, CACHE_MODES, CHOICES, CLASS_WEIGHTS, CLUSTERS, DATA_FORMATS, JIT_COMPILE,
+    LR_SCHEDULES, MONITORS, ON_NAN, OPTIMIZERS, PARAMS, PIPELINE_SCHEDULES, PRECISIONS,
+    SERVICE_MODES, STRATEGIES, TASK_LOSSES, TASK_TYPES, Config, DataConfig, ModelConfig,
+    RuntimeConfig, TaskConfig, TrainConfig, WholeMapping, all_keys, apply_values,
+    check_divisible, profile_steps, to_dict, to_yaml)
 from tftrain.errors import ConfigError
 from tftrain.runtime import dtensor_layouts, pipeline_schedule
 from tftrain.yaml_file import MAX_YAML_BYTES, MAX_YAML_NODES, load_yaml, read_yaml  # noqa: F401
@@ -285,6 +287,7 @@ def check_task(config: Config) -> None:
                           f"choose auto or one of {', '.join(losses)}")
     if task.type != "auto":
         tasks.TASKS[task.type].check_monitor(config.train.monitor)
+    class_weights.check_setting(config.train.class_weight, task.type)
 
 def from_yaml_file(path: str) -> Config:
     """Reads a resolved config (e.g. a run's params.yaml) strictly, and validates it."""

@@ -31,6 +31,8 @@ CACHE_MODES = ("none", "records", "decoded")  # what tftrain.data.load keeps in 
 DATA_FORMATS = ("tftrain", "tfrecord")  # a tftrain dataset, or TFRecords other tools wrote
 LR_SCHEDULES = ("constant", "step", "cosine", "plateau")
 ON_NAN = ("stop", "rollback")  # train.on_nan: what a NaN/Inf loss does (callbacks/divergence.py)
+# train.class_weight as a word; else a mapping {class name or id: weight} (tasks/class_weights.py)
+CLASS_WEIGHTS = ("none", "balanced")
 # train.monitor: auto is the task's own (val_accuracy for classifiers, val_rmse for regression,
 # val_loss for language models)
 MONITORS = ("auto", "val_accuracy", "val_loss", "accuracy", "loss", "val_rmse", "val_mae",
@@ -133,6 +135,10 @@ class TrainConfig:
     max_rollbacks: int = 3
     profile_steps: str = ""  # "start,end": a profiler trace of those steps in logs/plugins/profile
     seed: int = 42
+    # Classification: none | balanced (n_samples / (n_classes x count), the training split's
+    # label counts in the manifest) | {class name or id: weight} (classes not named: 1.0); a
+    # per-example sample weight on the training input only (tftrain/tasks/class_weights.py)
+    class_weight: str | dict = "none"
     # Deterministic ops and random layers whose generator state is in the backup: a resumed run
     # ends with the weights of an uninterrupted one (docs/training.md); slower steps.
     deterministic: bool = False
@@ -224,13 +230,28 @@ def _type_name(tp: Any) -> str:
 
 
 def _coerce(key: str, value: Any, tp: Any) -> Any:
-    """Checks `value` against the annotated type `tp`; returns it, converted where lossless."""
+    """Checks `value` against the annotated type `tp`; returns it, converted where lossless.
+
+    A union (`Optional[int]`, `str | dict`) takes None when it lists it, else the value as the
+    first of its types that holds it as it is, else as the first that converts it."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         options = typing.get_args(tp)
         if value is None and type(None) in options:
             return None
-        (tp,) = [t for t in options if t is not type(None)]
+        options = [t for t in options if t is not type(None)]
+        if len(options) > 1:
+            exact = [t for t in options if isinstance(value, typing.get_origin(t) or t)
+                     and not (isinstance(value, bool) and t is not bool)]
+            for option in exact + [t for t in options if t not in exact]:
+                try:
+                    return _coerce(key, value, option)
+                except ConfigError:
+                    pass
+            names = " or ".join(_type_name(t) for t in options)
+            raise ConfigError(f"config key {key!r} must be of type {names}, "
+                              f"got {value!r} ({type(value).__name__})")
+        (tp,) = options
         origin = typing.get_origin(tp)
     expected = origin or tp
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
@@ -434,6 +455,12 @@ KEY_DOCS = {
     "train.max_rollbacks": "`rollback`: at most this many, then the run stops as with `stop`.",
     "train.profile_steps": "`'start,end'`: a profiler trace of those training-batch calls in "
                            "`logs/plugins/profile`.",
+    "train.class_weight": "Classification only: `none`, `balanced` (each class weighted "
+                          "n_samples / (n_classes x its count), from the training split's label "
+                          "counts in `dataset.json`, as scikit-learn's `balanced`) or a mapping "
+                          "`{class name or id: weight}` (positive numbers; classes not named "
+                          "weigh 1). Applied as a per-example sample weight on the training "
+                          "input only: validation and test metrics are unweighted.",
     "train.seed": "Seed of the initial weights, the data order and the random layers.",
     "train.deterministic": "Deterministic ops and random layers whose state is backed up: a "
                            "killed and resumed run ends with the uninterrupted run's weights; "

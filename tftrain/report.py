@@ -1,11 +1,11 @@
 """`tftrain report RUN [RUN...]`: a table comparing runs, and a picture of their validation curves.
 
 The table has a row per run: its epochs, the task's metrics on the evaluation split
-(`summary.json` `eval`) and on the validation split (the last epoch's), training speed, strategy
-and replicas, precision, and the accuracy and gzip size of each pruned or quantized model that
-`tftrain prune` / `tftrain quantize` measured (their report.json files; each such column names
-the split they were measured on). The picture has one subplot per validation metric and one
-line per run, from each run's `curves.json`.
+(`summary.json` `eval`: a classifier's include its macro-F1) and on the validation split (the
+last epoch's), training speed, strategy and replicas, precision, and the accuracy and gzip size
+of each pruned or quantized model that `tftrain prune` / `tftrain quantize` measured (their
+report.json files; each such column names the split they were measured on). The picture has
+one subplot per validation metric and one line per run, from each run's `curves.json`.
 
 An unfinished run (no summary.json yet: still training, or killed) is shown with what it has:
 the epochs recorded so far and the last one's validation metrics; the columns that only a
@@ -80,7 +80,10 @@ def table(runs: list[Run]) -> str:
     finished = [run.summary for run in runs if run.summary]
     splits = {s.get("eval", {}).get("split", "eval") for s in finished}
     eval_name = splits.pop() if len(splits) == 1 else "eval"
-    eval_metrics = _union([k for k in s.get("eval", {}) if k != "split"] for s in finished)
+    # the numbers (a classifier's per_class and confusion_matrix are not columns; macro_f1 is)
+    eval_metrics = _union([k for k, v in s.get("eval", {}).items() if k != "split" and
+                           isinstance(v, (int, float)) and not isinstance(v, bool)]
+                          for s in finished)
     val_metrics = _union(run.validation() for run in runs)
     # Each optimized model with the measure its reports give (accuracy, or rmse for regression)
     # and the split it was measured on.

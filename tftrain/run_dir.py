@@ -6,6 +6,7 @@
     pruned/, quantized/  written by `tftrain prune` and `tftrain quantize`
     .tftrain.json  the marker: a tftrain run    .tftrain-run.lock  one writer at a time
     curves.png, curves.json  the curves per epoch (tftrain.callbacks.curves)
+    confusion.png  a classifier's confusion matrix on the test split (tftrain.engine.per_class)
 
 Ownership (see `tftrain.ownership`): a directory is a tftrain run directory when it holds the
 run marker (written by `prepare` before anything else) or, for runs of earlier versions, a
@@ -39,6 +40,7 @@ PARAMS = config_lib.PARAMS
 SUMMARY = "summary.json"
 CURVES_PNG = "curves.png"  # drawn by tftrain.callbacks.curves
 CURVES_JSON = "curves.json"
+CONFUSION_PNG = "confusion.png"  # a classifier's test split (tftrain.engine.per_class)
 CHECKPOINTS = "checkpoints"
 BACKUP = "backup"
 TRAINING_SHARDS = "training_shards.json"  # in backup/: the shards the run trains on (data.passes)
@@ -54,7 +56,7 @@ LOCK = dir_lock.RUN_LOCK
 WRITES = {PARAMS: "resolved config", SUMMARY: "summary", CHECKPOINTS: "best checkpoints",
           BACKUP: "backups for resuming", LOGS: "TensorBoard logs", EXPORT: "SavedModel",
           EXPORT + ".tmp": "SavedModel (while saving)", CURVES_PNG: "curves",
-          CURVES_JSON: "curves' history"}
+          CURVES_JSON: "curves' history", CONFUSION_PNG: "confusion matrix"}
 # What an earlier tftrain (no markers) wrote into the directories that must prove they are its own.
 _LEGACY_PROOF = {EXPORT: ("saved_model.pb",), PRUNED: (REPORT, "saved_model.pb"),
                  QUANTIZED: (REPORT,)}
@@ -91,7 +93,7 @@ def contents(model_dir: str) -> Contents:
     mine = {LOCK} | {n for n in names if ownership.own_marker_temp(n)}
     if is_run:
         plain = {PARAMS, SUMMARY, CHECKPOINTS, BACKUP, LOGS, ownership.MARKER, CURVES_PNG,
-                 CURVES_JSON}
+                 CURVES_JSON, CONFUSION_PNG}
         mine |= plain | {n for n in names if any(n.startswith(f"{p}.tmp-") for p in plain)}
         mine |= {n for n in _PROVEN if n in names and replaceable(join(model_dir, n), not marked)}
     mine = ownership.without_links(model_dir, mine & names)

@@ -54,6 +54,8 @@ def type_name(tp) -> str:
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     if args and len(args) < len(typing.get_args(tp)):
         return f"{type_name(args[0])} or null"
+    if len(args) > 1:  # a union: `str | dict` (a word or a mapping)
+        return " or ".join(type_name(arg) for arg in args)
     return getattr(tp, "__name__", str(tp))
 
 

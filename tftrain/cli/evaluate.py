@@ -1,8 +1,10 @@
 """Evaluate a trained model (a SavedModel directory or a .tflite file) on a dataset split.
 
-Prints the metrics of the model's task (accuracy and loss for a classifier; loss, MSE, RMSE, MAE
-and R² for regression: the task of its run's params.yaml, else the one the dataset's label
-implies) and writes them as JSON (--output, default <model>/../eval_<split>.json), with the
+Prints the metrics of the model's task (accuracy, loss and macro-F1 for a classifier, with a
+table of each class's precision, recall, F1 and support; loss, MSE, RMSE, MAE and R² for
+regression: the task of its run's params.yaml, else the one the dataset's label implies) and
+writes them as JSON (--output, default <model>/../eval_<split>.json; a classifier's confusion
+matrix also as a PNG beside it, <output without .json>_confusion.png), with the
 number of examples measured (num_examples) and the bound (steps: --steps=N evaluates at most the
 first N batches of the split; 0, the default, the whole split) in batches of --batch_size
 (default: the batch size its run trained with, from params.yaml; else 256).
@@ -46,4 +48,8 @@ def main(argv):
     print(f"{metrics['split']} split: "
           + " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if isinstance(v, float)))
     print(bounds.describe(metrics["num_examples"], metrics["steps"]))
+    if "per_class" in metrics:  # a classifier: precision, recall, F1 and support per class
+        from tftrain.tasks import class_measures
+
+        print(class_measures.table(metrics))
     return 0

@@ -252,7 +252,8 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
          deterministic: bool | None = None, last_stage: str = "decode",
          start_batch: int = 0, autotune: bool = True, trusted_pipeline: str | None = None,
          shard_sets: Sequence[tuple[int, Sequence[str]]] = (),
-         worker_slice: WorkerSlice | None = None) -> tf.data.Dataset:
+         worker_slice: WorkerSlice | None = None,
+         label_weights: Sequence[float] | None = None) -> tf.data.Dataset:
     """Returns a batched dataset of `(inputs, label)` read from `data_dir`'s `split`.
 
     `batch_size` is the size of the batches this pipeline yields. Under a strategy, use
@@ -296,6 +297,7 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     their parsed features, "decode" (the default) `(inputs, label)`.
     `worker_slice`: one worker's part of each batch (taken before parsing; a pipeline run's
     workers read the same batches, each trains on its part).
+    `label_weights` (one per class id, `train.class_weight`): `(inputs, label, sample_weight)`.
     """
     options = ReadOptions(
         training=training, shuffle_buffer=shuffle_buffer, cache=cache,
@@ -319,10 +321,35 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     dataset = examples.batch(batch_size, drop_remainder=options.drop_remainder)
     dataset = _with_known_size(dataset, options, source, input_context, batch_size)
     dataset = dataset.map(worker_slice.of) if worker_slice else dataset
-    if cache != "decoded":
+    dataset = _decoded(dataset, options, parse_and_decode, label_weights)
+    return _finished(dataset, options, input_context)
+
+
+def _decoded(dataset: tf.data.Dataset, options: ReadOptions, parse_and_decode,
+             label_weights: Sequence[float] | None) -> tf.data.Dataset:
+    """Batches of records parsed and decoded (`cache=decoded` did it before batching), each
+    example given its label's entry of `label_weights` as its sample weight when they are given
+    and the batches are decoded."""
+    if options.cache != "decoded":
         dataset = dataset.map(parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE,
                               deterministic=options.deterministic)
-    return _finished(dataset, options, input_context)
+    if label_weights is not None and options.last_stage == "decode":
+        dataset = dataset.map(weighted_by_label(label_weights))
+    return dataset
+
+
+def weighted_by_label(label_weights: Sequence[float]):
+    """The map from a batch `(inputs, label)` to `(inputs, label, sample_weight)`: each
+    example's weight is `label_weights[its label]` (a scalar integer label per example)."""
+    table = tf.constant(list(label_weights), tf.float32)
+
+    @tf.autograph.experimental.do_not_convert  # plain TF ops
+    def weighted(inputs, label):
+        weight = tf.reshape(tf.gather(table, tf.cast(label, tf.int32)), tf.shape(label)[:1])
+        weight.set_shape(label.shape[:1])
+        return inputs, label, weight
+
+    return weighted
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,7 @@ from absl import logging
 
 from tftrain import config as config_lib
 from tftrain import models, tasks
+from tftrain.tasks import class_weights
 from tftrain.callbacks import unfreeze
 from tftrain.data import foreign, reader
 from tftrain.engine import determinism, grad_accum, precision
@@ -129,7 +130,7 @@ def training_input_kwargs(config: config_lib.Config) -> dict:
     return dict(training=True, shuffle_buffer=data.shuffle_buffer, cache=data.cache, repeat=True,
                 seed=config.train.seed, autotune=data.autotune,
                 service_address=data.service_address, service_mode=data.service_mode,
-                **foreign.load_kwargs(data))
+                label_weights=class_weights.for_config(config), **foreign.load_kwargs(data))
 
 
 def build_and_compile(config: config_lib.Config, manifest: dict, plan,

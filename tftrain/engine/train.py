@@ -21,7 +21,7 @@ import tf_keras as keras
 
 from tftrain import config as config_lib
 from tftrain import rules, run_dir, tasks
-from tftrain.engine import backend_choice, hparams, run_memory
+from tftrain.engine import backend_choice, hparams, per_class, run_memory
 from tftrain.engine.utilization import Utilization
 from tftrain.engine.prepare import prepare
 from tftrain.data import passes
@@ -122,6 +122,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     #    export: a DTensor-gathered model evaluated after it was exported reports chance accuracy.
     test_metrics = evaluate(trained, backend.evaluation_data(config, config.data.test_split),
                             config.train.test_steps)
+    test_metrics.update(per_class.measure(model, run_.task, config, model_dir, backend.chief))
     cluster.dump_weights(model)  # debug aid: only when TFTRAIN_DUMP_WEIGHTS_DIR is set
     export_dir = backend.export_dir(join(model_dir, run_dir.EXPORT))  # None: no part in it
     if export_dir:

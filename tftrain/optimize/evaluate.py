@@ -19,9 +19,10 @@ from tftrain import run_dir, tasks
 from tftrain.engine import export, model_code, run_config
 from tftrain.data import manifest as manifest_lib
 from tftrain.errors import ConfigError, DataError, TftrainError
-from tftrain.fileio import join, read_json, write_json
+from tftrain.fileio import join, read_bytes, read_json, write_atomic, write_json
 from tftrain.optimize import bounds
 from tftrain.optimize import metrics as metrics_lib
+from tftrain.tasks import class_measures
 from tftrain.tasks import r2_metric  # noqa: F401  (registers R2: regression SavedModels load)
 
 WRITTEN_BY = "tftrain evaluate"  # in every metrics file it writes: what it may replace
@@ -88,21 +89,42 @@ def evaluate(model_path: str, data_dir: str | None = None, split: str | None = N
         dataset = data_lib.load(data_dir, split, batch_size, training=False, pipeline=pipeline,
                                 pipeline_options=pipeline_options)
     dataset = bounds.bounded(dataset, steps)
+    confusion = task.confusion()  # a classifier's per-class counts, batch by batch
+    if confusion is not None:
+        check_picture_replaceable(confusion_png(output))
     if model_path.endswith(".tflite"):
         from tftrain.optimize.tflite_eval import evaluate_tflite
 
-        metrics = evaluate_tflite(model_path, dataset, task=task)
+        metrics = evaluate_tflite(model_path, dataset, task=task, confusion=confusion)
         num_examples = metrics["num_examples"]
     else:
         model = load_saved_model(model_path, allow_python)
         check_inputs_fit(model, dataset.element_spec[0], f"{data_dir} (split {split!r})")
-        metrics, num_examples = metrics_lib.keras_measure(model, dataset, task)
-    metrics = {**metrics, "split": split, "num_examples": num_examples, "steps": steps,
-               "batch_size": batch_size}
+        metrics, num_examples = metrics_lib.keras_measure(model, dataset, task, confusion)
+    measures = confusion.measures(task.class_names()) if confusion is not None else {}
+    metrics = {**metrics, **measures, "split": split, "num_examples": num_examples,
+               "steps": steps, "batch_size": batch_size}
     result = {"model": model_path, "data": data_dir, "task": task.name,
               "written_by": WRITTEN_BY, **metrics}
     write_json(output, result)
+    if measures:
+        write_atomic(confusion_png(output), class_measures.render_png(
+            metrics, f"{os.path.basename(model_path.rstrip('/'))}, split {split}"))
     return metrics
+
+
+def confusion_png(output: str) -> str:
+    """Where the confusion matrix of the metrics file `output` goes: beside it, named after it
+    (`eval_test.json` -> `eval_test_confusion.png`)."""
+    return (output[:-len(".json")] if output.endswith(".json") else output) + "_confusion.png"
+
+
+def check_picture_replaceable(path: str) -> None:
+    """Raises unless `path` is absent or a confusion matrix that tftrain drew."""
+    if tf.io.gfile.exists(path) and not class_measures.written_here(read_bytes(path)):
+        raise TftrainError(f"{path} exists and was not drawn by tftrain, which does not "
+                           "replace what it did not write; pass --output=PATH (the picture "
+                           "goes beside it), or move that file away.")
 
 
 def check_output_replaceable(output: str) -> None:

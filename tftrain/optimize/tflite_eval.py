@@ -162,7 +162,7 @@ def predict_tflite(model: bytes | str | TfliteModel, dataset, *, max_examples: i
 
 def evaluate_tflite(path: bytes | str, dataset, *, task=None, max_examples: int | None = None,
                     num_threads: int = 1, latency_rounds: int = 3,
-                    latency_examples: int = 256) -> dict:
+                    latency_examples: int = 256, confusion=None) -> dict:
     """The task's metrics and the batch-1 latency of a .tflite model on `(inputs, label)` batches.
 
     `task` (a `tftrain.tasks.Task`; default: classification) scores the outputs, over every
@@ -172,10 +172,14 @@ def evaluate_tflite(path: bytes | str, dataset, *, task=None, max_examples: int 
     examples): on a shared machine the fastest round is the one least disturbed by other
     processes. Returns the task's metrics (`accuracy`, ... for a classifier) and `{"latency_ms",
     "latency_batch_size", "num_threads", "num_examples", "tflite_bytes", "gzip_bytes"}`.
+    The outputs are also added to `confusion` (a `tasks.class_measures.ConfusionMatrix`) when
+    given.
     """
     runner = TfliteModel(path, num_threads)
     outputs, labels, seconds, kept = _run_examples(runner, dataset, max_examples,
                                                    keep=latency_examples)
+    if confusion is not None:
+        confusion.add(outputs, labels)
     latency = float(np.mean(seconds))
     for _ in range(latency_rounds - 1):
         latency = min(latency, float(np.mean([runner.run(example)[1] for example in kept])))

@@ -22,6 +22,7 @@ from tftrain.data import foreign, reader
 from tftrain.training import optimizers
 from tftrain.errors import ConfigError
 from tftrain.models import attention
+from tftrain.tasks import class_weights
 from tftrain.runtime import distribute, dtensor_layouts, dtensor_optimizers
 
 # Attributes under which tf-keras layers also list their variables (skipped by LayoutMap too).
@@ -73,6 +74,7 @@ def make_dataset(mesh, config: config_lib.Config, split: str, training: bool,
                    seed=config.train.seed, deterministic=True,
                    start_batch=start_step * replicas,  # each step takes one per replica
                    shard_sets=reader.in_batches(shard_sets, replicas),
+                   label_weights=class_weights.for_config(config) if training else None,
                    **foreign.load_kwargs(config.data))
     dataset = reader.load(config.data.dir, split, config.data.batch_size // replicas,
                           **{**options, **changes})

@@ -6,6 +6,7 @@ A task is built from the run's `task` config and the dataset's manifest `info` (
 - `loss()` and `metrics()`: what `compile` gets (Keras objects, created on demand);
 - `monitor(name)` and `mode(name)`: the metric the best checkpoint, early stopping and the
   plateau schedule watch (`train.monitor=auto` is the task's own) and whether lower is better;
+- `confusion()`: a classifier's per-class counts (`class_measures`), None for other tasks;
 - `evaluate(outputs, labels)`: the metrics of a model's predictions, a pure numpy function shared
   by the SavedModel and the .tflite evaluation (`tftrain evaluate`, prune, quantize);
 - `measure`, `change(before, after)`, `change_name` and `gate_flag`: the number prune and
@@ -80,6 +81,15 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def evaluate(self, outputs: np.ndarray, labels: np.ndarray) -> dict[str, float]:
         """The task's metrics of `outputs` (the model's, one row per example) against `labels`."""
+
+    def confusion(self):
+        """A new, empty `class_measures.ConfusionMatrix` for the per-class measures of a split,
+        or None for a task without classes (or with too many to count pairwise)."""
+        return None
+
+    def class_names(self) -> list[str]:
+        """The names of the classes, by id, as the dataset records them ([] when it does not)."""
+        return [str(name) for name in self.info.get("class_names") or []]
 
     def evaluate_keys(self, result: dict) -> list[str]:
         """The keys of `result` that `evaluate` wrote (it also holds sizes, times, ...)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from tftrain.tasks.base import Task, as_rows
+from tftrain.tasks.class_measures import MAX_CLASSES, ConfusionMatrix
 
 
 def predicted_classes(outputs) -> np.ndarray:
@@ -46,9 +47,11 @@ class ClassificationTask(Task):
     change_name = "accuracy_drop"
     gate_flag = "--max_accuracy_drop"
 
-    def __init__(self, info: dict, loss: str = "auto", num_classes: int = 0):
+    def __init__(self, info: dict, loss: str = "auto", num_classes: int = 0,
+                 class_weights: tuple[float, ...] | None = None):
         super().__init__(info, loss)
         self.num_classes = num_classes
+        self.class_weights = class_weights  # train.class_weight per class id (tasks.class_weights)
 
     def outputs(self):
         from tftrain.models.outputs import OutputSpec
@@ -71,6 +74,11 @@ class ClassificationTask(Task):
 
     def metrics(self) -> list:
         return ["accuracy"]
+
+    def confusion(self):
+        if self.num_classes > MAX_CLASSES:
+            return None
+        return ConfusionMatrix(self.num_classes, predicted_classes)
 
     def evaluate(self, outputs, labels) -> dict[str, float]:
         outputs = np.asarray(outputs)

@@ -22,6 +22,7 @@ from absl import logging
 
 from tftrain import models
 from tftrain.errors import ConfigError, DataError
+from tftrain.tasks import class_weights
 from tftrain.tasks.classification import ClassificationTask
 from tftrain.tasks.language_model import LanguageModelTask
 from tftrain.tasks.regression import RegressionTask
@@ -88,6 +89,10 @@ def from_config(config, manifest: dict, *, training: bool = True):
                           f"{', '.join(TASKS)}")
     info = manifest.get("info") or {}
     kind = label_kind(info)
+    weighted = config.train.class_weight
+    if weighted != "none" and (task_type != "classification" or kind == "tokens"):
+        class_weights.refuse("language_model" if kind == "tokens" else task_type,
+                             " (from the dataset's label)" if config.task.type == "auto" else "")
     if task_type == "language_model" or kind == "tokens":
         return language_model_task(task_type, config, manifest)
     if task_type == "regression":
@@ -106,7 +111,8 @@ def from_config(config, manifest: dict, *, training: bool = True):
             "auto), or convert the label as classes (a CSV column declared `:int` or "
             "`:categorical`).")
     count = num_classes(manifest, config.data) if training else info.get("num_classes", 0)
-    return ClassificationTask(info, config.task.loss, count)
+    weights = class_weights.weights(weighted, manifest, config.data) if training else None
+    return ClassificationTask(info, config.task.loss, count, class_weights=weights)
 
 
 def language_model_task(task_type: str, config, manifest: dict) -> LanguageModelTask:
