@@ -42,6 +42,8 @@ class GradientNormLog(keras.callbacks.Callback):
                 tf.summary.scalar("gradients/norm", norm)
 
     def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:  # a step's value, not the epoch's: kept out of history and curves
+            logs.pop("grad_norm", None)
         if self._writer is None:
             return
         stats = gradients.summary(self.model.optimizer)

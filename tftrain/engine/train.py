@@ -120,9 +120,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     # 5. Evaluate on the test split, export (MultiWorkerMirrored: every worker, the others into
     #    temporary directories), summarize; the backup goes last. Evaluation comes before the
     #    export: a DTensor-gathered model evaluated after it was exported reports chance accuracy.
-    test_metrics = evaluate(trained, backend.evaluation_data(config, config.data.test_split),
-                            config.train.test_steps)
-    test_metrics.update(per_class.measure(model, run_.task, config, model_dir, backend.chief))
+    test_metrics = evaluate_test_split(trained, model, run_, model_dir)
     cluster.dump_weights(model)  # debug aid: only when TFTRAIN_DUMP_WEIGHTS_DIR is set
     export_dir = backend.export_dir(join(model_dir, run_dir.EXPORT))  # None: no part in it
     if export_dir:
@@ -301,6 +299,16 @@ def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: S
                  preemption.PreemptionCallback(sigterm, backup)]
     backup.state = CallbackState(callbacks)  # their counters go into each backup
     return callbacks
+
+
+def evaluate_test_split(trained: keras.Model, model: keras.Model, run_, model_dir: str) -> dict:
+    """The test split's metrics of the `trained` model (`train.test_steps` batches; a
+    classifier's per-class measures too, `engine.per_class`, of `model`)."""
+    config, backend = run_.config, run_.backend
+    metrics = evaluate(trained, backend.evaluation_data(config, config.data.test_split),
+                       config.train.test_steps)
+    metrics.update(per_class.measure(model, run_.task, config, model_dir, backend.chief))
+    return metrics
 
 
 def evaluate(model: keras.Model, dataset, steps: int = 0) -> dict:
