@@ -15,6 +15,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tftrain import config_schema as config_lib
+from tftrain.training import ema
 
 
 class LinearWarmup(keras.optimizers.schedules.LearningRateSchedule):
@@ -152,6 +153,10 @@ class Adafactor(keras.optimizers.Adafactor):
     def _gathered(self, tensor):
         return tensor
 
+    def _apply_delta(self, variable, delta):
+        """`variable -= delta` (DTensor writes the weight's average from the same value)."""
+        variable.assign_sub(delta)
+
     def update_step(self, gradient, variable):
         """One write to `r` and `c` (or `v`) and one to the variable."""
         lr, step = self._rate_and_step(variable)
@@ -182,7 +187,7 @@ class Adafactor(keras.optimizers.Adafactor):
             self._v[index].assign(new_v)
             update = gradient * tf.math.rsqrt(self._to_weight(new_v, variable))
         update = update / tf.maximum(1.0, _rms(update) / self.clip_threshold)
-        variable.assign_add(-alpha * update)
+        self._apply_delta(variable, alpha * update)
 
 
 def _rms(x):
@@ -192,17 +197,19 @@ def _rms(x):
 def make_optimizer(train: config_lib.TrainConfig, steps_per_epoch: int, total_steps: int):
     """The optimizer that `train.optimizer` names, with its learning-rate schedule.
 
+    With `train.ema_decay` > 0 it keeps a moving average of the weights (`training.ema`).
     Under `mixed_float16`, `Model.compile` wraps it in a `LossScaleOptimizer` (dynamic loss
     scaling); nothing is needed here.
     """
     lr = make_schedule(train, steps_per_epoch, total_steps)
     if train.optimizer == "sgd":
-        return keras.optimizers.SGD(lr, momentum=train.momentum)
+        return ema.make(keras.optimizers.SGD, train.ema_decay, lr, momentum=train.momentum)
     if train.optimizer == "adamw":
-        return keras.optimizers.AdamW(lr, weight_decay=train.weight_decay)
+        return ema.make(keras.optimizers.AdamW, train.ema_decay, lr,
+                        weight_decay=train.weight_decay)
     if train.optimizer == "adafactor":
-        return Adafactor(lr)
-    return keras.optimizers.Adam(lr)
+        return ema.make(Adafactor, train.ema_decay, lr)
+    return ema.make(keras.optimizers.Adam, train.ema_decay, lr)
 
 
 def current_learning_rate(optimizer) -> float:
