@@ -13,7 +13,7 @@ import os
 import numpy as np
 import pytest
 
-from tests import dtensor_forked
+from tests import documented, dtensor_forked
 from tests.conftest import REPO
 
 DECAY = 0.5  # (1 + t) / (10 + t) reaches 0.5 at t = 8: STEPS covers the warm-up and after it
@@ -239,7 +239,7 @@ def test_dtensor_keeps_one_devices_average_sharded_like_its_weight(tmp_path):
 
 # --- Through the CLI, as a user runs it ------------------------------------------------------
 
-RUN_DECAY = 0.99
+RUN_DECAY = 0.99  # docs/training.md's
 
 
 @pytest.mark.parametrize("value", ["1", "-0.1", "nan"])
@@ -254,17 +254,20 @@ def test_a_decay_out_of_range_is_one_line(cli, capsys, tmp_path, value):
 
 @pytest.fixture(scope="module")
 def averaged_run(tmp_path_factory, digits_dir):
-    """One epoch of digits (44 steps) with train.ema_decay=RUN_DECAY, on one device; its final
-    weights dumped (TFTRAIN_DUMP_WEIGHTS_DIR: the average, then the training weights)."""
+    """docs/training.md's `tftrain train`, for one epoch (44 steps, at a rate of 0.005), on the session's
+    digits: its final weights dumped (TFTRAIN_DUMP_WEIGHTS_DIR: the average, then the training
+    weights)."""
     from tests.conftest import run_cli
 
     root = tmp_path_factory.mktemp("ema")
-    overrides = (f"data.dir={digits_dir},train.epochs=1,train.learning_rate=0.005,"
-                 f"train.ema_decay={RUN_DECAY}")
+    overrides = (f"train.ema_decay={RUN_DECAY},data.dir={digits_dir},train.epochs=1,"
+                 "train.learning_rate=0.005")
     os.environ["TFTRAIN_DUMP_WEIGHTS_DIR"] = str(root / "weights")
     try:
-        assert run_cli("train", "--config=digits", f"--model_dir={root / 'run'}",
-                       f"--params_override={overrides}") == 0
+        assert run_cli(*documented.replaced(documented.args(
+            "tftrain train --config=digits --model_dir=runs/ema "
+            "--params_override=train.ema_decay=0.99"),
+            model_dir=root / "run", params_override=overrides)) == 0
     finally:
         del os.environ["TFTRAIN_DUMP_WEIGHTS_DIR"]
     with np.load(root / "weights" / "worker-0.npz") as npz:
@@ -272,7 +275,7 @@ def averaged_run(tmp_path_factory, digits_dir):
     return root / "run", overrides, dumped
 
 
-def test_a_run_validates_tests_and_exports_the_average(averaged_run, digits_dir):
+def test_a_run_validates_tests_and_exports_the_average(averaged_run, digits_dir, cli):
     import tf_keras as keras
 
     from tftrain.data import reader
@@ -290,10 +293,16 @@ def test_a_run_validates_tests_and_exports_the_average(averaged_run, digits_dir)
         np.testing.assert_array_equal(got, want)
     assert max(float(np.abs(w.numpy() - t).max()) for w, t in zip(
         exported.trainable_weights, training)) > 1e-3, "the average is the training weights"
-    # `evaluate` on the export reproduces the test metrics and fit's last validation (the one
-    # epoch's end: the same average), which the training weights do not
-    for split, recorded in (("test", summary["eval"]), ("validation", summary["validation"])):
-        metrics = evaluate.evaluate(str(run / "export"), digits_dir, split)
+    # `evaluate` on the export (docs/training.md's command) reproduces the test metrics, and
+    # fit's last validation (the one epoch's end: the same average), which the training
+    # weights do not
+    assert cli(*documented.replaced(documented.args(
+        "tftrain evaluate --model=runs/ema/export --data=data/digits --split=test"),
+        model=run / "export", data=digits_dir)) == 0
+    test = json.loads((run / "eval_test.json").read_text())
+    validation = evaluate.evaluate(str(run / "export"), digits_dir, "validation")
+    for split, metrics, recorded in (("test", test, summary["eval"]),
+                                     ("validation", validation, summary["validation"])):
         assert abs(metrics["loss"] - recorded["loss"]) < 1e-5, (split, metrics, recorded)
         assert abs(metrics["accuracy"] - recorded["accuracy"]) < 1e-6, (split, metrics, recorded)
     for variable, value in zip(exported.trainable_weights, training):
