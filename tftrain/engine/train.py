@@ -258,6 +258,8 @@ def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: S
     stateful ones (early stopping, plateau, best value, timer, divergence guard) is saved with
     each backup and restored on resume (`callbacks.callback_state`). `writes` False (a worker
     whose saves would only repeat the chief's): no TensorBoard logs and no best checkpoint.
+    With `train.ema_decay`, validation and the best checkpoint see the weights' average
+    (`callbacks.ema`), swapped back before the backup.
     """
     mode = (task or tasks.TASKS["classification"]).mode(train_config.monitor)
     best = [keras.callbacks.ModelCheckpoint(
