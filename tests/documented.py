@@ -23,6 +23,10 @@ RUN_BY = {
         "tests/test_train_digits.py::test_new_run_dir_and_mirrored_on_two_cpus",
     "tftrain train --config=digits_dtensor":
         "tests/test_dtensor.py::test_digits_dtensor_resume_export_and_optimize",
+    "tftrain train --config=digits --model_dir=runs/ema --params_override=train.ema_decay=0.99":
+        "tests/test_ema.py::averaged_run",
+    "tftrain evaluate --model=runs/ema/export --data=data/digits --split=test":
+        "tests/test_ema.py::test_a_run_validates_tests_and_exports_the_average",
     "tftrain train --config=diabetes --model_dir=runs/diabetes":
         "tests/test_regression.py::test_mlp_on_diabetes_is_within_10_percent_of_ridge",
     "tftrain evaluate --model=runs/diabetes/export --data=data/diabetes --split=test":

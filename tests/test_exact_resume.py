@@ -190,11 +190,12 @@ def _train_in_process(model_dir, overrides_text, monkeypatch, dump_dir=None) -> 
 @pytest.mark.parametrize("devices", [2], ids=["mirrored_2_cpus"])
 def test_sigkill_at_a_random_step_then_the_same_command(tmp_path, id_data, devices, monkeypatch,
                                                         restore_determinism):
-    """train.deterministic=true with dropout: a `tftrain train` process SIGKILLed at a random
-    step after a backup, resumed by the same config (in this process): the same batches step
-    for step as the uninterrupted run (also in this process), and its weights (measured and
-    printed, within 1e-6). One device: the test below, killed during a backup's write."""
-    extra = {"train.deterministic": "true"}
+    """train.deterministic=true with dropout and a moving average of the weights: a `tftrain
+    train` process SIGKILLed at a random step after a backup, resumed by the same config (in
+    this process): the same batches step for step as the uninterrupted run (also in this
+    process), and its weights and their average (measured and printed, within 1e-6). One
+    device: the test below, killed during a backup's write."""
+    extra = {"train.deterministic": "true", "train.ema_decay": 0.9}
     if devices == 2:
         extra.update({"runtime.strategy": "mirrored", "runtime.cpu_devices": 2})
     dumps = {name: tmp_path / f"weights-{name}" for name in ("reference", "resumed")}
@@ -238,6 +239,8 @@ def test_sigkill_at_a_random_step_then_the_same_command(tmp_path, id_data, devic
 
     kept = steps_before(summary, STEPS_PER_EPOCH)
     assert 0 < kept < 2 * STEPS_PER_EPOCH and summary["steps"] == 2 * STEPS_PER_EPOCH, replay
+    # the dump: the exported average of the 2 dense layers' 4 weights, then the training ones
+    assert summary["ema"]["evaluated"] and len(_weights(dumps["resumed"])) == 8, replay
     difference = _same_run(ids, dumps, interrupted, kept, replay)
     print(f"\n{devices} device(s): killed after {len(interrupted[0])} steps, resumed at step "
           f"{kept}; max |weight difference| vs. the uninterrupted run: {difference:.3g}")

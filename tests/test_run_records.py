@@ -50,6 +50,7 @@ def test_the_summary_keeps_summary_json_keys_in_order():
         memory={"weights_bytes_per_device": 4000, "optimizer_bytes_per_device": 8000},
         epochs=2, steps=10,
         eval={"split": "test", "accuracy": 0.9}, validation={"accuracy": 0.8},
+        ema={"decay": 0.999, "evaluated": True},
         evaluation={"validation_steps": 0, "validation_every_steps": 0, "test_steps": 0},
         mixed_precision="float32", grad_accum_steps=1, resumed_from=None, seconds_per_step=0.1,
         examples_per_second=320.0,
@@ -62,7 +63,8 @@ def test_the_summary_keeps_summary_json_keys_in_order():
         backend={"strategy": "one_device", "num_replicas": 1, "num_workers": 1,
                  "jit_compile": False}).to_json()
     assert list(summary) == [
-        "model_dir", "data_dir", "task", "parameters", "memory", "epochs", "steps", "eval", "validation", "evaluation",
+        "model_dir", "data_dir", "task", "parameters", "memory", "epochs", "steps", "eval",
+        "validation", "ema", "evaluation",
         "mixed_precision", "grad_accum_steps", "resumed_from", "backup", "restarts",
         "restart_causes",
         "seconds_per_step", "examples_per_second", "model_flops_per_example",

@@ -200,6 +200,9 @@ def validate(config: Config) -> None:
     if not 0 < config.train.rollback_lr_factor < 1:
         raise ConfigError("train.rollback_lr_factor must be between 0 and 1 (the learning rate is "
                           f"multiplied by it at each rollback), got {config.train.rollback_lr_factor}")
+    if not 0 <= config.train.ema_decay < 1:
+        raise ConfigError(f"train.ema_decay={config.train.ema_decay} must be in [0, 1) (0: no "
+                          "moving average of the weights; typical: 0.99 to 0.9999)")
     if config.train.max_rollbacks < 0:
         raise ConfigError(f"train.max_rollbacks must be >= 0, got {config.train.max_rollbacks}")
     if config.train.on_nan == "rollback" and config.runtime.strategy == "dtensor":

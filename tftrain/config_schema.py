@@ -104,6 +104,10 @@ class TrainConfig:
     # > 0: each update's gradients scaled down to this global norm (the whole model's, after
     # the all-reduce and the loss scale); 0: measured (summary.json's `gradients`), not clipped
     clip_global_norm: float = 0.0
+    # Exponential moving average of the weights (0: off; else e.g. 0.999), with Model Garden's
+    # warm-up min(decay, (1 + t) / (10 + t)) at step t: validation, the best checkpoint, the test
+    # split and the export use the average (training/ema.py, callbacks/ema.py)
+    ema_decay: float = 0.0
     lr_schedule: str = "constant"  # constant | step | cosine | plateau
     warmup_steps: int = 0  # linear warmup from 0 (constant, step, cosine)
     lr_decay_epochs: int = 30  # step: multiply by lr_decay_rate every this many epochs
@@ -417,6 +421,10 @@ KEY_DOCS = {
                               "pipeline stage and DTensor shard, once per accumulated update); "
                               "0: off. The norm is measured either way: `grad_norm` in the "
                               "step logs and TensorBoard, `gradients` in `summary.json`.",
+    "train.ema_decay": "Keep an exponential moving average of the weights with this decay "
+                       "(0: off; 0 <= decay < 1, e.g. 0.999), warmed up as "
+                       "min(decay, (1 + t) / (10 + t)) at step t: validation, the best "
+                       "checkpoint, the test metrics and the export use the average.",
     "train.lr_schedule": "`constant`, `step`, `cosine` (each with linear warmup) or `plateau`.",
     "train.warmup_steps": "Linear warmup from 0 over this many steps (constant, step, cosine).",
     "train.lr_decay_epochs": "`step`: multiply the rate by `train.lr_decay_rate` every this "

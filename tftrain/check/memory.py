@@ -9,7 +9,8 @@ Per device (a TPU core or chip, a GPU, this host for `cpu`), the device that hol
                    train.grad_accum_steps > 1 (the running sums beside each micro-batch's)
   optimizer_state  per trainable weight, the slots of `optimizers.slot_shapes` (Adam 2 full,
                    Adafactor its row and column means), each divided by the shards of its
-                   `dtensor_layouts.slot_spec` (over `batch` too with shard_optimizer_state)
+                   `dtensor_layouts.slot_spec` (over `batch` too with shard_optimizer_state);
+                   with train.ema_decay, its average too (a copy sharded like the weight)
   activations      one replica's micro-batch (data.batch_size / replicas or the mesh's batch
                    dimension) x what one example keeps for the backward pass: every layer's
                    output plus what MultiHeadAttention keeps inside (query, key and value
@@ -304,6 +305,8 @@ def _weight_parts(weights, specs: dict, dims: dict, config, mixed: bool) -> dict
             slot = dtensor_layouts.slot_spec(spec, shape, dims, config.runtime.shard_optimizer_state)
             nbytes = dtensor_layouts.elements(shape) * weight.itemsize
             parts["optimizer_state"] += -(-nbytes // dtensor_layouts.shards(slot, dims))
+        if config.train.ema_decay:  # the weight's average (`training.ema`), laid out as it is
+            parts["optimizer_state"] += -(-weight.size * weight.itemsize // pieces)
     return parts
 
 

@@ -344,6 +344,7 @@ class DTensorBackend:
                 "layouts": {path: ",".join(spec) for path, spec in self._plan_layouts.items()},
                 "memory": layouts.memory_report(
                     weights, self._plan_layouts, self.dims, self._config.train.optimizer,
-                    self._config.runtime.shard_optimizer_state),
+                    self._config.runtime.shard_optimizer_state,
+                    ema=self._config.train.ema_decay > 0),
             },
         }

@@ -25,7 +25,7 @@ from tftrain.engine import backend_choice, hparams, per_class, run_memory
 from tftrain.engine.utilization import Utilization
 from tftrain.engine.prepare import prepare
 from tftrain.data import passes
-from tftrain.training import gradients, optimizers
+from tftrain.training import ema, gradients, optimizers
 from tftrain.training.steps import StepPlan
 from tftrain.runtime import cluster, launch
 from tftrain.callbacks import backup as backup_lib
@@ -33,6 +33,7 @@ from tftrain.callbacks import divergence, preemption, unfreeze
 from tftrain.callbacks.callback_state import CallbackState
 from tftrain.callbacks.divergence import DivergenceGuard
 from tftrain.callbacks.gradient_norm import GradientNormLog
+from tftrain.callbacks.ema import EvaluateAverage
 from tftrain.callbacks.curves import Curves
 from tftrain.callbacks.heartbeat import Heartbeat
 from tftrain.callbacks.learning_rate import LearningRateLogger
@@ -111,6 +112,9 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
                               verbose=1 if sys.stdout.isatty() else 2)
     finally:  # a failed run still leaves its last backup whole
         backup.wait()
+    averaging = ema.optimizer_of(trainer)  # train.ema_decay: evaluated and exported from here on
+    if averaging:
+        ema.swap(averaging)
     trained = backend.trained_model(model, trainer, run_.task)  # DTensor: gathered into `model`
     validation = {k[4:]: float(v[-1]) for k, v in history.history.items() if k.startswith("val_")}
     if not validation:  # resumed after the last epoch: nothing was validated in this attempt
@@ -121,7 +125,9 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     #    temporary directories), summarize; the backup goes last. Evaluation comes before the
     #    export: a DTensor-gathered model evaluated after it was exported reports chance accuracy.
     test_metrics = evaluate_test_split(trained, model, run_, model_dir)
-    cluster.dump_weights(model)  # debug aid: only when TFTRAIN_DUMP_WEIGHTS_DIR is set
+    # debug aid (only when TFTRAIN_DUMP_WEIGHTS_DIR is set): with the average, the training
+    # weights follow (the optimizer holds them now)
+    cluster.dump_weights(model, ema.averages(averaging) if averaging else ())
     export_dir = backend.export_dir(join(model_dir, run_dir.EXPORT))  # None: no part in it
     if export_dir:
         export(model, export_dir, config.data, run_.manifest)
@@ -134,6 +140,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
         epochs=history.epoch[-1] + 1 if history.epoch else (backup.resumed_at or (0,))[0],
         steps=int(trainer.optimizer.iterations.numpy()),
         eval={"split": config.data.test_split, **test_metrics}, validation=validation,
+        ema={"decay": config.train.ema_decay, "evaluated": True} if averaging else None,
         evaluation=bounds_of(config.train), mixed_precision=run_.policy,
         grad_accum_steps=config.train.grad_accum_steps,
         gradients=gradients.summary(trainer.optimizer),  # global norms, clipped updates
@@ -201,6 +208,7 @@ class RunSummary:
     steps: int
     eval: dict  # the test split's metrics, with its name under "split"
     validation: dict
+    ema: dict | None  # train.ema_decay: decay, evaluated (eval and validation: the average)
     evaluation: dict  # validation_steps, validation_every_steps, test_steps (0: whole, epochs)
     mixed_precision: str
     grad_accum_steps: int
@@ -260,17 +268,23 @@ def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: S
     stateful ones (early stopping, plateau, best value, timer, divergence guard) is saved with
     each backup and restored on resume (`callbacks.callback_state`). `writes` False (a worker
     whose saves would only repeat the chief's): no TensorBoard logs and no best checkpoint.
+    With `train.ema_decay`, validation and the best checkpoint see the weights' average
+    (`callbacks.ema`), swapped back before the backup.
     """
     mode = (task or tasks.TASKS["classification"]).mode(train_config.monitor)
+    best = [keras.callbacks.ModelCheckpoint(
+        join(model_dir, run_dir.CHECKPOINTS, "best"), monitor=train_config.monitor, mode=mode,
+        save_best_only=True, save_weights_only=True)] if writes else []
+    if train_config.ema_decay:  # validated on the average, which the best checkpoint holds
+        averaged = EvaluateAverage()
+        best = [averaged, *best, averaged.after]
     callbacks = [
         LearningRateLogger(),
         Curves(model_dir, chief=chief),  # curves.png, with the learning rate: after the logger
         *([keras.callbacks.TensorBoard(log_dir=join(model_dir, run_dir.LOGS),
                                        profile_batch=config_lib.profile_steps(
-                                           train_config.profile_steps) or 0),
-           keras.callbacks.ModelCheckpoint(
-               join(model_dir, run_dir.CHECKPOINTS, "best"), monitor=train_config.monitor,
-               mode=mode, save_best_only=True, save_weights_only=True)] if writes else []),
+                                           train_config.profile_steps) or 0)] if writes else []),
+        *best,
         timer,
         ProgressLog(plan.total_steps, timer.examples_per_step, train_config.log_every_steps,
                     steps_per_execution=train_config.steps_per_execution,

@@ -104,10 +104,12 @@ def _optimizer_fn(config: config_lib.Config, learning_rate: float | None, steps_
                   epochs: int):
     """The run's optimizer (`train.optimizer`), its rate decaying (cosine) from `learning_rate`,
     by default a quarter of the run's `train.learning_rate` (fine-tuning starts from a trained
-    model), to 0 at the last fine-tuning step, so the model ends settled, not mid-jump."""
+    model), to 0 at the last fine-tuning step, so the model ends settled, not mid-jump. No
+    moving average (`train.ema_decay`): it starts from the export, which is the run's average
+    already, and an average of pruned weights would not be sparse."""
     train_config = dataclasses.replace(
         config.train, learning_rate=fine_tuning_rate(config, learning_rate),
-        lr_schedule="cosine", lr_min=0.0, warmup_steps=0)
+        lr_schedule="cosine", lr_min=0.0, warmup_steps=0, ema_decay=0.0)
     return lambda: optimizers.make_optimizer(train_config, steps_per_epoch,
                                              steps_per_epoch * epochs)
 

@@ -269,9 +269,9 @@ def wait_for(path: str, what: str, timeout: float, poll: float = 0.5) -> None:
         time.sleep(poll)
 
 
-def dump_weights(model) -> None:
+def dump_weights(model, extra=()) -> None:
     """When TFTRAIN_DUMP_WEIGHTS_DIR is set, writes this worker's weights there (an .npz named
-    after the task), so the workers' final weights can be compared."""
+    after the task), then the variables `extra`, so the workers' final weights can be compared."""
     directory = os.environ.get(WEIGHTS_DUMP_ENV)
     if not directory:
         return
@@ -279,4 +279,5 @@ def dump_weights(model) -> None:
 
     task_type, index = task()
     os.makedirs(directory, exist_ok=True)
-    np.savez(os.path.join(directory, f"{task_type}-{index}.npz"), *model.get_weights())
+    np.savez(os.path.join(directory, f"{task_type}-{index}.npz"), *model.get_weights(),
+             *(v.numpy() for v in extra))

@@ -19,7 +19,7 @@ from tensorflow.experimental import dtensor
 
 from tftrain import config_schema as config_lib
 from tftrain.data import foreign, reader
-from tftrain.training import optimizers
+from tftrain.training import ema, optimizers
 from tftrain.errors import ConfigError
 from tftrain.models import attention
 from tftrain.tasks import class_weights
@@ -201,10 +201,13 @@ def make_optimizer(train_config: config_lib.TrainConfig, plan, mesh, shard_state
     lr = optimizers.make_schedule(train_config, plan.schedule_epoch_steps, plan.total_steps)
     common = {"mesh": mesh, "shard_state": shard_state,
               "clip_global_norm": train_config.clip_global_norm}
+    decay = train_config.ema_decay  # the weights' average, written by the single-write update
     if train_config.optimizer == "sgd":
-        return dtensor_optimizers.SGD(lr, momentum=train_config.momentum, **common)
+        return ema.make(dtensor_optimizers.SGD, decay, lr, momentum=train_config.momentum,
+                        **common)
     if train_config.optimizer == "adamw":
-        return dtensor_optimizers.AdamW(lr, weight_decay=train_config.weight_decay, **common)
+        return ema.make(dtensor_optimizers.AdamW, decay, lr,
+                        weight_decay=train_config.weight_decay, **common)
     if train_config.optimizer == "adafactor":
-        return dtensor_optimizers.Adafactor(lr, **common)
-    return dtensor_optimizers.Adam(lr, **common)
+        return ema.make(dtensor_optimizers.Adafactor, decay, lr, **common)
+    return ema.make(dtensor_optimizers.Adam, decay, lr, **common)

@@ -281,11 +281,13 @@ def slot_spec(weight_spec: tuple | None, slot_shape: tuple, mesh: dict[str, int]
 
 
 def memory_report(weights: Iterable[Weight], plan: dict[str, tuple], mesh: dict[str, int],
-                  optimizer: str = "adam", shard_state: bool = False) -> dict:
+                  optimizer: str = "adam", shard_state: bool = False,
+                  ema: bool = False) -> dict:
     """Bytes of the weights and of `optimizer`'s state on one device vs the largest per device
     of the mesh: each weight divided by its shards, each optimizer slot (`slot_shapes`) by the
     shards of its `slot_spec` (over `batch` too with `shard_state`), rounded up per variable as
-    the devices hold them. Activations and gradients are not counted."""
+    the devices hold them; with `ema` (train.ema_decay), each trainable weight's average too,
+    sharded as the weight is. Activations and gradients are not counted."""
     from tftrain.training.optimizers import optimizer_slots, slot_shapes  # after TensorFlow
 
     one = weights_per_device = state_per_device = 0
@@ -301,6 +303,9 @@ def memory_report(weights: Iterable[Weight], plan: dict[str, tuple], mesh: dict[
             one += slot_bytes
             state_per_device += -(-slot_bytes // shards(
                 slot_spec(spec, shape, mesh, shard_state), mesh))
+        if ema and weight.trainable:
+            one += nbytes
+            state_per_device += -(-nbytes // pieces)
         if pieces > 1:
             sharded += weight.size
         else:

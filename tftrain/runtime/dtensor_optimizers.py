@@ -11,6 +11,9 @@ These optimizers write each variable once per step, with a value computed from r
 before that write (data dependencies, which DTensor keeps): the step count and learning rate
 are read once, each slot's new value is computed, written, and the same tensor feeds the
 weight update, into which AdamW's weight decay is folded. The arithmetic is tf-keras's.
+With `train.ema_decay` (`training.ema`) the weight's average is written once too, from the
+weight's new value as a tensor (`_apply_delta`), not from a read of the just-written weight;
+it is laid out as its weight is (split over `model` like it, never over `batch`).
 
 With `shard_state=True` (`runtime.shard_optimizer_state`, ZeRO-1) each slot is created with the
 layout `dtensor_layouts.slot_spec` gives: besides any split over `model` that its weight has,
@@ -27,7 +30,7 @@ import tf_keras as keras
 from tensorflow.experimental import dtensor
 
 from tftrain.runtime import dtensor_layouts
-from tftrain.training import optimizers
+from tftrain.training import ema, optimizers
 from tftrain.training.gradients import GradientNorm
 
 _schedules = keras.optimizers.schedules
@@ -44,7 +47,10 @@ class _DataflowUpdates:
 
     def add_variable_from_reference(self, model_variable, variable_name, shape=None,
                                     initial_value=None):
-        """A slot laid out by `dtensor_layouts.slot_spec` (split over `batch` when sharded)."""
+        """A slot laid out by `dtensor_layouts.slot_spec` (split over `batch` when sharded); the
+        weight's average laid out as the weight, starting from its value."""
+        if variable_name == "average":
+            return self._average_of(model_variable)
         if not self._shard_state:
             return super().add_variable_from_reference(model_variable, variable_name, shape,
                                                        initial_value)
@@ -62,6 +68,26 @@ class _DataflowUpdates:
         self._variables.append(slot)
         self._layouts[self._var_key(slot)] = layout
         return slot
+
+    def _average_of(self, model_variable):
+        """The average of `model_variable`: its value, in its layout (tf-keras would copy the
+        initial value replicated)."""
+        average = dtensor.DVariable(
+            initial_value=model_variable.read_value(),
+            name=f"average/{model_variable._shared_name}", trainable=False)
+        self._variables.append(average)
+        return average
+
+    def _apply_delta(self, variable, delta):
+        """`variable -= delta` as one write, and its average's one write from the same new
+        value (with the decay of this step's count, read once)."""
+        new = variable - delta
+        variable.assign(new)
+        if self.use_ema:
+            average = self._model_variables_moving_average[
+                self._index_dict[self._var_key(variable)]]
+            decay = ema.warmup_decay(self.ema_momentum, self._step_count + 1, average.dtype)
+            average.assign(decay * average + (1 - decay) * new)
 
     def _to_slot(self, tensor, slot):
         """`tensor` laid out as `slot` is: each replica keeps its share."""
@@ -139,7 +165,7 @@ class SGD(GradientNorm, _DataflowUpdates, keras.dtensor.experimental.optimizers.
         new_m = -gradient * lr + m * momentum
         m.assign(new_m)
         step = -gradient * lr + new_m * momentum if self.nesterov else new_m
-        variable.assign_sub(self._decayed(-self._to_weight(step, variable), variable))
+        self._apply_delta(variable, self._decayed(-self._to_weight(step, variable), variable))
 
 
 class _AdamUpdate:
@@ -167,14 +193,16 @@ class _AdamUpdate:
             new_v = tf.maximum(v_hat, new_v)
             v_hat.assign(new_v)
         delta = self._to_weight((new_m * alpha) / (tf.sqrt(new_v) + epsilon), variable)
-        variable.assign_sub(self._decayed(delta, variable))
+        self._apply_delta(variable, self._decayed(delta, variable))
 
 
-class Adam(GradientNorm, _DataflowUpdates, _AdamUpdate, keras.dtensor.experimental.optimizers.Adam):
+class Adam(GradientNorm, _DataflowUpdates, _AdamUpdate,
+           keras.dtensor.experimental.optimizers.Adam):
     """tf-keras Adam with data-flow updates."""
 
 
-class AdamW(GradientNorm, _DataflowUpdates, _AdamUpdate, keras.dtensor.experimental.optimizers.AdamW):
+class AdamW(GradientNorm, _DataflowUpdates, _AdamUpdate,
+            keras.dtensor.experimental.optimizers.AdamW):
     """tf-keras AdamW (decoupled weight decay) with data-flow updates."""
 
 

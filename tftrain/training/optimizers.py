@@ -15,6 +15,7 @@ import tensorflow as tf
 import tf_keras as keras
 
 from tftrain import config_schema as config_lib
+from tftrain.training import ema
 from tftrain.training.gradients import GradientNorm
 
 
@@ -165,6 +166,10 @@ class FactoredAdafactor(keras.optimizers.Adafactor):
     def _gathered(self, tensor):
         return tensor
 
+    def _apply_delta(self, variable, delta):
+        """`variable -= delta` (DTensor writes the weight's average from the same value)."""
+        variable.assign_sub(delta)
+
     def update_step(self, gradient, variable):
         """One write to `r` and `c` (or `v`) and one to the variable."""
         lr, step = self._rate_and_step(variable)
@@ -195,7 +200,7 @@ class FactoredAdafactor(keras.optimizers.Adafactor):
             self._v[index].assign(new_v)
             update = gradient * tf.math.rsqrt(self._to_weight(new_v, variable))
         update = update / tf.maximum(1.0, _rms(update) / self.clip_threshold)
-        variable.assign_add(-alpha * update)
+        self._apply_delta(variable, alpha * update)
 
 
 class Adafactor(GradientNorm, FactoredAdafactor):
@@ -209,6 +214,7 @@ def _rms(x):
 def make_optimizer(train: config_lib.TrainConfig, steps_per_epoch: int, total_steps: int):
     """The optimizer that `train.optimizer` names, with its learning-rate schedule.
 
+    With `train.ema_decay` > 0 it keeps a moving average of the weights (`training.ema`).
     Under `mixed_float16`, `Model.compile` wraps it in a `LossScaleOptimizer` (dynamic loss
     scaling); nothing is needed here. Every update's gradients have their global norm measured
     and, with `train.clip_global_norm` > 0, clipped to it (`training.gradients`).
@@ -216,12 +222,12 @@ def make_optimizer(train: config_lib.TrainConfig, steps_per_epoch: int, total_st
     lr = make_schedule(train, steps_per_epoch, total_steps)
     clip = {"clip_global_norm": train.clip_global_norm}
     if train.optimizer == "sgd":
-        return SGD(lr, momentum=train.momentum, **clip)
+        return ema.make(SGD, train.ema_decay, lr, momentum=train.momentum, **clip)
     if train.optimizer == "adamw":
-        return AdamW(lr, weight_decay=train.weight_decay, **clip)
+        return ema.make(AdamW, train.ema_decay, lr, weight_decay=train.weight_decay, **clip)
     if train.optimizer == "adafactor":
-        return Adafactor(lr, **clip)
-    return Adam(lr, **clip)
+        return ema.make(Adafactor, train.ema_decay, lr, **clip)
+    return ema.make(Adam, train.ema_decay, lr, **clip)
 
 
 def current_learning_rate(optimizer) -> float:
