@@ -112,14 +112,8 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
                               verbose=1 if sys.stdout.isatty() else 2)
     finally:  # a failed run still leaves its last backup whole
         backup.wait()
-    averaging = ema.optimizer_of(trainer)  # train.ema_decay: evaluated and exported from here on
-    if averaging:
-        ema.swap(averaging)
-    trained = backend.trained_model(model, trainer, run_.task)  # DTensor: gathered into `model`
-    validation = {k[4:]: float(v[-1]) for k, v in history.history.items() if k.startswith("val_")}
-    if not validation:  # resumed after the last epoch: nothing was validated in this attempt
-        validation = evaluate(trained, backend.evaluation_data(config, config.data.eval_split),
-                              config.train.validation_steps)
+    trained, averaging = evaluated_model(model, trainer, run_)  # train.ema_decay: the average
+    validation = last_validation(history, trained, run_)
 
     # 5. Evaluate on the test split, export (MultiWorkerMirrored: every worker, the others into
     #    temporary directories), summarize; the backup goes last. Evaluation comes before the
@@ -313,6 +307,28 @@ def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: S
                  preemption.PreemptionCallback(sigterm, backup)]
     backup.state = CallbackState(callbacks)  # their counters go into each backup
     return callbacks
+
+
+def evaluated_model(model: keras.Model, trainer: keras.Model, run_) -> tuple:
+    """`(the compiled model to evaluate and export after fit, the optimizer whose average of
+    the weights it now holds)`: with `train.ema_decay` the average is swapped in (the optimizer
+    keeps the training weights), else that optimizer is None. DTensor and pipeline stages:
+    gathered into `model`."""
+    averaging = ema.optimizer_of(trainer)
+    if averaging:
+        ema.swap(averaging)
+    return run_.backend.trained_model(model, trainer, run_.task), averaging
+
+
+def last_validation(history, trained: keras.Model, run_) -> dict:
+    """The last validation's metrics; measured now when this attempt validated nothing (it
+    resumed after the last epoch)."""
+    validation = {k[4:]: float(v[-1]) for k, v in history.history.items() if k.startswith("val_")}
+    if validation:
+        return validation
+    config = run_.config
+    return evaluate(trained, run_.backend.evaluation_data(config, config.data.eval_split),
+                    config.train.validation_steps)
 
 
 def evaluate_test_split(trained: keras.Model, model: keras.Model, run_, model_dir: str) -> dict:
