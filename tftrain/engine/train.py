@@ -42,7 +42,7 @@ from tftrain.callbacks.step_timer import StepTimer
 from tftrain.callbacks.stop_at_step import StopAtStep
 from tftrain.engine.export import export
 from tftrain.errors import ConfigError
-from tftrain.fileio import join, write_atomic
+from tftrain.fileio import is_local, join, write_atomic
 
 PREEMPTED_EXIT_CODE = preemption.PREEMPTED_EXIT_CODE
 
@@ -55,10 +55,13 @@ def train(config: config_lib.Config, model_dir: str, *, overwrite: bool = False,
     (see `ensure_dataset`). Raises `preemption.Preempted` (exit code 143) on SIGTERM, after
     backing up.
     """
-    chief = cluster.is_chief()
-    if chief or not overwrite:  # refused before the slow steps; claimed once the config is valid
+    # A local directory is checked before the slow steps and claimed once the config is valid;
+    # a bucket's (gs://) is checked when claimed: reaching it must not come before a TPU's
+    # checks, and an object store leaves no empty directory behind.
+    chief, local = cluster.is_chief(), is_local(model_dir)
+    if local and (chief or not overwrite):
         run_dir.check(model_dir, overwrite)
-    created = chief and not tf.io.gfile.exists(model_dir)
+    created = chief and local and not tf.io.gfile.exists(model_dir)
     with preemption.SigtermHandler() as sigterm:
         try:
             return run(config, model_dir, overwrite, sigterm, convert_data)

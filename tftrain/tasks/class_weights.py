@@ -18,7 +18,6 @@ import difflib
 import math
 
 from tftrain.config_schema import CLASS_WEIGHTS
-from tftrain.data import manifest as manifest_lib
 from tftrain.errors import ConfigError
 
 SHOWN_CLASSES = 20  # class names listed in an error, at most
@@ -107,6 +106,9 @@ def for_config(config) -> tuple[float, ...] | None:
     if config.data.format == "tfrecord":  # other tools' TFRecords: data.info stands in
         manifest = {"pipeline": config.data.pipeline, "info": dict(config.data.info)}
     else:
+        from tftrain.data import manifest as manifest_lib  # imports TensorFlow: not at the top,
+        # since config validation (which imports this module) runs before TensorFlow starts
+
         manifest = manifest_lib.read(config.data.dir)
     return weights(setting, manifest, config.data)
 
@@ -126,7 +128,7 @@ def _label_counts(manifest: dict, data, where: str) -> dict:
     if data.format == "tfrecord":
         why = "TFRecords of other tools (data.format=tfrecord) have no manifest to count them in"
     else:
-        why = (f"{manifest_lib.MANIFEST_NAME} records none for split {data.train_split!r} (its "
+        why = (f"dataset.json records none for split {data.train_split!r} (its "
                "pipeline stores no integer class label, or more than 10,000 distinct ones)")
     raise ConfigError(f"train.class_weight=balanced needs the training split's label counts, "
                       f"and {where} has none: {why}; give the weights as a mapping instead, "
