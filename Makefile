@@ -1,7 +1,7 @@
 # Two commands: `make demo` and `make test`. Each creates .venv when missing and installs the
 # project first, with the exact versions of constraints.txt (pyproject.toml declares ranges:
 # what `pip install .` resolves beside a user's other packages; constraints.txt is the tested
-# set). `make mutation` (not part of `make test`): mutation testing of the pure,
+# set). `make mutation` (`.ci/run` runs it after `make test`): mutation testing of the pure,
 # central modules against their unit tests (docs/mutation.md).
 PYTHON ?= python3
 VENV ?= .venv
