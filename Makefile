@@ -38,7 +38,11 @@ demo: $(STAMP)
 	$(BIN)/tftrain prune --model_dir=runs/demo
 	$(BIN)/tftrain quantize --model_dir=runs/demo --mode=int8,float16
 
+# tests/test_partition.py cuts the network between two workers: two network namespaces joined
+# by a veth pair, made with iproute2's `ip` as root (CI runs as root on a fresh machine).
 test: $(STAMP)
+	command -v ip >/dev/null || test "$$(id -u)" != 0 || \
+	    (apt-get update -qq && apt-get install -y -qq iproute2)
 	$(BIN)/python -m pytest
 
 # One mutant at a time (--max-children=1): the machines are shared. Leaves mutants/ for
