@@ -1,12 +1,14 @@
 # Two commands: `make demo` and `make test`. Each creates .venv when missing and installs the
-# project with its pinned dependencies first. `make mutation` (not part of `make test`): mutation
-# testing of the pure, central modules against their unit tests (docs/mutation.md).
+# project first, with the exact versions of constraints.txt (pyproject.toml declares ranges:
+# what `pip install .` resolves beside a user's other packages; constraints.txt is the tested
+# set). `make mutation` (`.ci/run` runs it after `make test`): mutation testing of the pure,
+# central modules against their unit tests (docs/mutation.md).
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test mutation install clean docs
+.PHONY: demo test mutation install constraints clean docs
 
 install: $(STAMP)
 
@@ -16,21 +18,31 @@ install: $(STAMP)
 # command imports (~8 s), once, before parallel test processes would each.
 unexport PYTHONDONTWRITEBYTECODE
 
-# uv installs what pip would (the same resolution of pyproject.toml), in a fraction of pip's CPU;
+# uv installs what pip would (the versions of constraints.txt), in a fraction of pip's CPU;
 # pip stays, upgraded (tests/test_packaging.py asks PyPI through it).
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip uv==0.13.9
-	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev]'
+	$(BIN)/uv pip install --quiet --python $(BIN)/python -e '.[dev]' -c constraints.txt
 	$(BIN)/python -c 'import tftrain.cli.preload'
 	touch $(STAMP)
+
+# constraints.txt again from pyproject.toml, for every Python it supports (--universal). uv keeps
+# the versions already there that still fit; `make constraints UPGRADE=--upgrade` takes the newest.
+constraints: $(STAMP)
+	$(BIN)/uv pip compile pyproject.toml --extra dev --universal --no-annotate --quiet $(UPGRADE) \
+	    --custom-compile-command 'make constraints' -o constraints.txt
 
 demo: $(STAMP)
 	$(BIN)/tftrain train --config=digits --model_dir=runs/demo --overwrite
 	$(BIN)/tftrain prune --model_dir=runs/demo
 	$(BIN)/tftrain quantize --model_dir=runs/demo --mode=int8,float16
 
+# tests/test_partition.py cuts the network between two workers: two network namespaces joined
+# by a veth pair, made with iproute2's `ip` as root (CI runs as root on a fresh machine).
 test: $(STAMP)
+	command -v ip >/dev/null || test "$$(id -u)" != 0 || \
+	    (apt-get update -qq && apt-get install -y -qq iproute2)
 	$(BIN)/python -m pytest
 
 # One mutant at a time (--max-children=1): the machines are shared. Leaves mutants/ for

@@ -1,4 +1,4 @@
-"""Conversion speed and memory: tftrain's writer against a naive loop and Model Garden's approach.
+"""Conversion speed and memory: tftrain's writer against a naive loop and Model Garden's writer.
 
     .venv/bin/python bench/convert.py [--images=6000] [--rows=10000] [--repeats=3] [--workdir=...]
                                       [--kinds=images,arrays]
@@ -10,10 +10,19 @@ folder hard-links the 1x files under new names).
 Methods, each run in a fresh process that has already imported TensorFlow (the clock covers the
 conversion only; tftrain's forkserver is warmed up the way `tftrain convert` starts it):
   naive         one process: PIL open (size) / np row -> tf.train.Example -> one TFRecordWriter
-  model_garden  Model Garden's `write_tf_record_dataset` structure, re-implemented: a
+  model_garden  Model Garden's own `official.vision.data.tfrecord_lib.write_tf_record_dataset`
+                (tf-models-official, MODEL_GARDEN below), 2 processes, 4 shards: its
                 multiprocessing.Pool(2).starmap builds every example in memory, then the parent
                 writes them round-robin into shards opened in place under their final names
+  model_garden_copy  the same structure re-implemented here (this benchmark's earlier stand-in
+                for the library, kept as a check that the library row measures the structure)
   tftrain_w1/2  `tftrain.data.writer.write_dataset` with 1 and 2 worker processes, 4 shards
+Every method builds the same Examples (`image_example`, `array_example`) with the same TensorFlow.
+The bench installs Model Garden itself, never into the project's venv: a throwaway venv in
+--workdir (created once, with uv) holds tf-models-official and the three packages
+`official.vision` imports beyond tftrain's dependencies, all without their own dependencies,
+and sees this venv's packages after its own (as tests/test_wheel.py's venv does), so that
+tf-models-official's `tensorflow~=2.20` pin does not bring a second TensorFlow.
 Each method runs once with memory sampling, then --repeats times for speed, the methods
 interleaved, each run after `sync` (so no run pays for writing back the previous run's output);
 the table shows each method's fastest run.
@@ -35,12 +44,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from bench.table import markdown_table  # noqa: E402
+from tftrain.host import cpu_name  # noqa: E402
 
 SIZE, CLASSES, FEATURES = 64, 10, 784
-METHODS = ("naive", "model_garden", "tftrain_w1", "tftrain_w2")
+METHODS = ("naive", "model_garden", "model_garden_copy", "tftrain_w1", "tftrain_w2")
 # The method column of the table, as docs/benchmarks.md shows it.
+MODEL_GARDEN = "tf-models-official==2.20.0"
+# What `import official.vision.data.tfrecord_lib` needs beyond tftrain's own dependencies.
+MODEL_GARDEN_IMPORTS = ("gin-config==0.5.0", "pycocotools==2.0.11",
+                        "opencv-python-headless==5.1.0.95")
 METHOD_LABELS = {"naive": "naive loop (one Example at a time → writer)",
-                 "model_garden": "Model Garden approach (all in memory, then write)",
+                 "model_garden": f"Model Garden's write_tf_record_dataset ({MODEL_GARDEN}, "
+                                 "2 processes)",
+                 "model_garden_copy": "its structure re-implemented in this script",
                  "tftrain_w1": "tftrain, 1 worker", "tftrain_w2": "tftrain, 2 workers"}
 
 
@@ -163,7 +179,23 @@ def run_naive(kind: str, src: str, out: str) -> int:
     return count
 
 
+def example_and_none_skipped(kind: str, source, label) -> tuple:
+    """Model Garden's `process_func`: (the Example, the number of annotations skipped)."""
+    return (image_example if kind == "images" else array_example)(source, label), 0
+
+
 def run_model_garden(kind: str, src: str, out: str, num_shards: int = 4) -> int:
+    """Model Garden's own writer (imported before the clock starts), with 2 processes."""
+    from official.vision.data import tfrecord_lib
+
+    rows = [(kind, *row) for row in _rows(kind, src)]
+    tfrecord_lib.write_tf_record_dataset(os.path.join(out, "data"), rows,
+                                         example_and_none_skipped, num_shards,
+                                         multiple_processes=2)
+    return len(rows)
+
+
+def run_model_garden_copy(kind: str, src: str, out: str, num_shards: int = 4) -> int:
     """Model Garden's structure: Pool.starmap materializes all examples, then in-place writes."""
     import multiprocessing
 
@@ -196,6 +228,8 @@ def child(method: str, kind: str, src: str, out: str) -> None:
     import tftrain  # noqa: F401  (selects tf-keras before TensorFlow is imported)
     import tensorflow as tf  # noqa: F401  (imported before the clock starts, for every method)
 
+    if method == "model_garden":
+        from official.vision.data import tfrecord_lib  # noqa: F401  (its imports: not timed)
     if method == "tftrain_w2":
         from tftrain.data import processes
 
@@ -209,6 +243,8 @@ def child(method: str, kind: str, src: str, out: str) -> None:
         count = run_naive(kind, src, out)
     elif method == "model_garden":
         count = run_model_garden(kind, src, out)
+    elif method == "model_garden_copy":
+        count = run_model_garden_copy(kind, src, out)
     else:
         count = run_tftrain(kind, src, out, workers=int(method[-1]))
     seconds = time.perf_counter() - started
@@ -251,7 +287,31 @@ def process_memory(pid: int) -> int:
         return 0
 
 
-def measure(method: str, kind: str, src: str, out: str, memory: bool) -> dict:
+def model_garden_python(work: str) -> str:
+    """The python of the throwaway venv in `work` that has Model Garden (see the module
+    docstring); created the first time."""
+    import sysconfig
+
+    venv = os.path.join(work, "model-garden-venv")
+    python = os.path.join(venv, "bin", "python")
+    if os.path.exists(os.path.join(venv, ".done")):
+        return python
+    print(f"installing {MODEL_GARDEN} into {venv} (once) ...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", "--clear", "--without-pip", venv], check=True)
+    purelib = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()["
+                              "'purelib'])"], check=True, capture_output=True,
+                             text=True).stdout.strip()
+    with open(os.path.join(purelib, "tftrain_venv.pth"), "w", encoding="utf-8") as f:
+        f.write(sysconfig.get_paths()["purelib"] + "\n")  # after the venv's own packages
+    uv = os.path.join(os.path.dirname(sys.executable), "uv")
+    subprocess.run([uv, "pip", "install", "--quiet", "--python", python, "--no-deps",
+                    MODEL_GARDEN, *MODEL_GARDEN_IMPORTS], check=True)
+    open(os.path.join(venv, ".done"), "w").close()
+    return python
+
+
+def measure(method: str, kind: str, src: str, out: str, memory: bool,
+            python: str = sys.executable) -> dict:
     """Runs `child` in a new process; returns its result plus (`memory`) the peak memory of its tree.
 
     Sampling memory reads /proc of every process of the tree every 20 ms, which takes CPU from
@@ -262,7 +322,7 @@ def measure(method: str, kind: str, src: str, out: str, memory: bool) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     os.sync()  # the previous run's shards are on disk, not competing for the CPU in writeback
     env = dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2")
-    process = subprocess.Popen([sys.executable, __file__, "--child", method, kind, src, out],
+    process = subprocess.Popen([python, __file__, "--child", method, kind, src, out],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     peak = 0
     done = threading.Event()
@@ -317,6 +377,9 @@ def main() -> None:
         make_arrays(sources[("arrays", 1)], args.rows)
         make_arrays(sources[("arrays", 4)], args.rows * 4)
 
+    pythons = {method: sys.executable for method in METHODS}
+    pythons["model_garden"] = model_garden_python(work)
+
     results, peaks = {}, {}
     for round_index in range(args.repeats + 1):
         memory = round_index == 0  # round 0 measures memory, the others speed
@@ -324,9 +387,9 @@ def main() -> None:
             for scale in (1, 4):
                 for method in METHODS:
                     what = "memory" if memory else f"speed {round_index}"
-                    print(f"  {what:<8} {kind:<6} {method:<12} {scale}x ...", end=" ", flush=True)
+                    print(f"  {what:<8} {kind:<6} {method:<17} {scale}x ...", end=" ", flush=True)
                     r = measure(method, kind, sources[(kind, scale)], os.path.join(work, "out"),
-                                memory)
+                                memory, pythons[method])
                     key = (kind, method, scale)
                     if memory:
                         peaks[key] = r["peak_mb"]
@@ -339,7 +402,7 @@ def main() -> None:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     data = {"images": f"{args.images:,} 64x64 PNGs", "arrays": f"{args.rows:,} x {FEATURES} float32 rows"}
     print(f"\nconvert benchmark: {' and '.join(data[kind] for kind in kinds)} (1x; 4x for the "
-          f"second columns), {os.cpu_count()} CPU cores, best of {args.repeats} runs, "
+          f"second columns), CPU: {cpu_name()}, {os.cpu_count()} cores, best of {args.repeats} runs, "
           f"load average {load}")
     table = []
     for kind in kinds:
@@ -359,7 +422,7 @@ def main() -> None:
     print(markdown_table(["data", "method", "ex/s 1x", "ex/s 4x", "vs naive", "vs Model Garden",
                           "peak MB 1x", "peak MB 4x", "4x/1x"], table))
     print("\n(\"vs\" columns compare the 4x runs: examples/s relative to the naive loop / Model "
-          "Garden's approach.)")
+          "Garden's own write_tf_record_dataset.)")
 
 
 if __name__ == "__main__":

@@ -68,10 +68,12 @@ def wait_for_a_new_chief_backup(run, model_dir, timeout: float) -> None:
 class Running:
     """A forked tftrain process whose output is collected line by line in the background."""
 
-    def __init__(self, args: list[str], cwd, env: dict | None = None):
+    def __init__(self, args: list[str], cwd, env: dict | None = None,
+                 entry: str = forked_cli.ENTRY_POINT):
         self.lines: list[str] = []
         self.process = forked_cli.Popen(args, cwd=cwd, env={**os.environ, **(env or {})},
-                                        stdout=forked_cli.PIPE, stderr=forked_cli.STDOUT)
+                                        stdout=forked_cli.PIPE, stderr=forked_cli.STDOUT,
+                                        entry=entry)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 

@@ -79,6 +79,10 @@ def test_a_schedule_that_cannot_be():
         "pruning needs at least one fine-tuning step, got 0")
 
 
+STEPS_REFUSED = ("--steps=-1 must be >= 0: the number of batches to measure, or 0 for the "
+                 "whole split")
+
+
 def test_prune_options():
     PruneOptions().check()
     PruneOptions(m_by_n="2:4", epochs=1).check()
@@ -86,6 +90,9 @@ def test_prune_options():
     assert refused(PruneOptions(m_by_n="2-4").check).startswith("--sparsity_m_by_n='2-4'")
     assert refused(PruneOptions(epochs=0).check) == (
         "--epochs=0: pruning needs at least one fine-tuning epoch")
+    PruneOptions(eval_steps=0).check()
+    PruneOptions(eval_steps=3).check()
+    assert refused(PruneOptions(eval_steps=-1).check) == STEPS_REFUSED
 
 
 # ---- the m:n structure and the sparsity reached -------------------------------------------------
@@ -169,6 +176,8 @@ def test_quantize_options():
         "--max_accuracy_drop=-0.01 must be >= 0")
     assert refused(QuantizeOptions(["int8"], max_metric_change=-1).check) == (
         "--max_metric_change=-1 must be >= 0")
+    QuantizeOptions(["int8"], eval_steps=3).check()
+    assert refused(QuantizeOptions(["int8"], eval_steps=-1).check) == STEPS_REFUSED
 
 
 def test_each_task_is_bounded_by_its_own_flag():
@@ -271,6 +280,11 @@ def test_the_prune_gate_at_its_bound():
                           after=1.0).problems == ()  # better is never a problem
 
 
+def test_the_pruning_report_records_its_steps_bound():
+    assert pruning_report(PruneOptions(eval_steps=7)).eval_steps == 7
+    assert pruning_report(PruneOptions()).eval_steps is None
+
+
 def test_a_pruning_report_with_problems_fails_the_run():
     runs._prune_gate(SimpleNamespace(problems=()), "/run/pruned")
     with pytest.raises(TftrainError) as raised:
@@ -322,6 +336,24 @@ def test_a_quantization_report_of_the_pruned_model():
     assert entry.metrics == {"rmse": 2.1, "mae": 1.1}
     assert entry.float_metrics == {"rmse": 2.0, "mae": 1.0}
     assert entry.int8_io is False and entry.passed
+
+
+def test_a_quantization_report_against_the_keras_reference():
+    """Over LiteRT's flatbuffer limit no float .tflite exists: the float32 Keras model is the
+    reference the change and the float metrics come from, and the report says so."""
+    keras = report.KerasMeasurement(
+        metrics={"loss": 0.2, "accuracy": 0.95}, sparsity=0.0, pruned_params=0, num_params=24,
+        nonzero_params=24, layers=[], gzip_bytes=100)
+    result = measured("int8.tflite", loss=0.35, accuracy=0.85)
+    options = QuantizeOptions(["int8"], max_accuracy_drop=0.2, eval_steps=4)
+    timed = {report.model_name("int8", options.source): result}  # no float .tflite
+    entry = runs._quantized_report("int8", options, CLASSIFIER, timed, path="/run/export/1",
+                                   split="test", extra={}, keras_reference=keras)
+    assert entry.float_tflite is None and entry.float_keras == keras
+    assert entry.reference == "keras" and entry.float_measure == 0.95
+    assert entry.change == pytest.approx(0.95 - 0.85) and entry.passed
+    assert entry.float_metrics == {"loss": 0.2, "accuracy": 0.95}
+    assert entry.eval_steps == 4
 
 
 def test_the_quantize_gate_at_its_bound():

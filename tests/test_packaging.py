@@ -1,5 +1,6 @@
-"""Packaging: the `tpu` extra resolves on PyPI; the command refuses a Keras 3 environment, the
-Python API forces tf-keras (and says so).
+"""Packaging: constraints.txt is what `make constraints` makes of pyproject.toml, and the venv
+`make` installed holds it; the `tpu` extra resolves on PyPI; the command refuses a Keras 3
+environment, the Python API forces tf-keras (and says so).
 
 The `tpu` tests ask PyPI with `pip install --dry-run --ignore-installed` (nothing is installed;
 they need the network, which CI has). See docs/tpu.md for why the extra is the 2.20 set a TPU VM
@@ -51,6 +52,54 @@ def _dry_run(*requirements, no_deps=False, extra_args=()):
 def _errors(result) -> str:
     lines = [line for line in result.stderr.splitlines() if "is ignored" not in line]
     return "\n".join(lines[-15:])
+
+
+def locked_versions() -> dict:
+    """constraints.txt's versions for this interpreter: {canonical name: version}."""
+    locked = {}
+    with open(os.path.join(REPO, "constraints.txt"), encoding="utf-8") as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                requirement = Requirement(line.strip())
+                if requirement.marker is None or requirement.marker.evaluate():
+                    (pin,) = requirement.specifier
+                    assert pin.operator == "==", line  # a lock: exact versions only
+                    locked[canonicalize_name(requirement.name)] = pin.version
+    return locked
+
+
+def test_constraints_are_what_make_constraints_makes_of_pyproject(tmp_path):
+    """uv resolves pyproject.toml (the dev extra, every Python it supports) to exactly the
+    versions of constraints.txt: no requirement changed without the lock."""
+    lock = tmp_path / "constraints.txt"
+    with open(os.path.join(REPO, "constraints.txt"), encoding="utf-8") as f:
+        committed = f.read()
+    lock.write_text(committed, encoding="utf-8")  # uv keeps the versions there that still fit
+    uv = os.path.join(os.path.dirname(sys.executable), "uv")
+    command = [uv, "pip", "compile", "pyproject.toml", "--extra", "dev", "--universal",
+               "--no-annotate", "--quiet", "--custom-compile-command", "make constraints",
+               "-o", str(lock)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=False,
+                            timeout=PIP_TIMEOUT, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert lock.read_text(encoding="utf-8") == committed, (
+        "constraints.txt is stale against pyproject.toml: run `make constraints` and commit it")
+
+
+def test_the_venv_holds_exactly_the_constrained_versions():
+    """The venv these tests run in (`make install`: uv with -c constraints.txt) has every
+    package of constraints.txt at its version."""
+    from importlib import metadata
+    differ = {}
+    for name, version in locked_versions().items():
+        try:
+            installed = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            installed = None
+        if installed != version:
+            differ[name] = (installed, version)
+    assert not differ, (f"{{package: (installed, constraints.txt)}}: {differ}; `make install` "
+                        "installs constraints.txt")
 
 
 def test_tpu_extra_resolves_on_pypi_without_the_cpu_tensorflow():

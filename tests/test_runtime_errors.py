@@ -119,6 +119,37 @@ def test_the_other_errors_are_named_by_kind():
     assert system_error_message("train", ValueError("File name")) is None
 
 
+def test_a_collective_past_its_deadline_is_a_lost_peer(monkeypatch):
+    """A worker cut off from the others (tests/test_partition.py) gets DeadlineExceeded from
+    its collective, which names its own device: the same lost-peer line, the peer unnamed."""
+    import tensorflow as tf
+
+    from tftrain.cli import system_error_message
+    from tftrain.runtime import cluster
+
+    monkeypatch.setenv(cluster.TF_CONFIG, cluster.make_tf_config(["a:1", "b:1"], 1))
+    cut_off = tf.errors.DeadlineExceededError(None, None, (
+        "{{function_node __wrapped__CollectiveReduceV2_Nordering_token_1_device_/job:worker/"
+        "replica:0/task:1/device:CPU:0}} Collective ops is aborted by: Deadline Exceeded\nRPC: "
+        "/tensorflow.CoordinationService/Heartbeat\nThe error could be from a previous "
+        "operation. Restart your program to reset. [Op:CollectiveReduceV2]"))
+    line = system_error_message("train", cut_off)
+    assert line.startswith("a peer worker stopped answering (lost or unhealthy, or the network "
+                           "between the workers cut"), line
+    assert "run the same command on every worker again" in line
+    # as worker 0, the task the collective names is the peer
+    monkeypatch.setenv(cluster.TF_CONFIG, cluster.make_tf_config(["a:1", "b:1"], 0))
+    assert system_error_message("train", cut_off).startswith("worker 1 stopped answering")
+    graph = tf.errors.DeadlineExceededError(None, None, (
+        "Graph execution error:\n\nDetected at node div_no_nan/CollectiveReduceV2_1 defined at "
+        "(most recent call last): ... Deadline Exceeded"))
+    assert system_error_message("train", graph).startswith("a peer worker stopped answering")
+    # another deadline, with no collective or coordination in it, is not a lost peer
+    assert system_error_message("train", tf.errors.DeadlineExceededError(
+        None, None, "Timed out reading gs://bucket/x")) is None
+    assert system_error_message("evaluate", cut_off) is None
+
+
 def test_inspect_verify_on_bytes_that_are_not_an_example_is_one_line(digits_copy, cli, capsys):
     rewritten(digits_copy, "train", 3, lambda record: b"\xff\xfe not an Example \x00" * 3)
     assert cli("inspect", f"--data={digits_copy}", "--verify") == 1

@@ -6,6 +6,10 @@ afresh would take minutes and about 2 GB, so the new venv sees this venv's alrea
 pinned dependencies through a `.pth` line that puts them after its own site-packages: the
 wheel's `tftrain` and `pipelines` come first, and `pip check` there tests the wheel's declared
 requirements against them. Every command runs from a temporary directory, never the checkout.
+
+What the wheel asks of an environment is checked with pip's resolver against the index
+(`pip install --dry-run`, nothing installed): the ranges of its requirements alone (what a
+user's `pip install` resolves), and with constraints.txt (the exact set `make` installs).
 """
 import json
 import os
@@ -16,8 +20,12 @@ import sysconfig
 import zipfile
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 from tests.conftest import REPO
+from tests.test_packaging import _dry_run, _errors, locked_versions
 
 pytestmark = pytest.mark.slow
 
@@ -142,3 +150,60 @@ def test_installed_wheel_trains_and_inspects_in_another_directory(installed, tmp
     assert "dataset data/digits: 1,797 examples" in shown.stdout, shown.stdout
     for split, examples in (("train", 1426), ("validation", 182), ("test", 189)):
         assert f"{split}: {examples} examples" in shown.stdout, shown.stdout
+
+
+def _requirements(wheel) -> dict:
+    """The wheel's own requirements (no extra's): {canonical name: Requirement}."""
+    with zipfile.ZipFile(wheel) as archive:
+        (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        lines = archive.read(metadata).decode("utf-8").splitlines()
+    requirements = [Requirement(line.split(":", 1)[1]) for line in lines
+                    if line.startswith("Requires-Dist:")]
+    return {canonicalize_name(r.name): r for r in requirements
+            if not (r.marker and "extra" in str(r.marker))}
+
+
+def _minor(version: str) -> tuple:
+    return Version(version).release[:2]
+
+
+def test_the_wheel_declares_ranges_and_pip_resolves_them(wheel):
+    """No exact pin: a TensorFlow 2.21.x patch release a user has fits; the resolver picks one
+    TensorFlow minor version for tensorflow, tf-keras and tensorflow-text."""
+    requirements = _requirements(wheel)
+    pinned = sorted(str(r) for r in requirements.values()
+                    if any(s.operator in ("==", "===") for s in r.specifier))
+    assert not pinned, (f"the wheel pins {pinned}: declare ranges in pyproject.toml; exact "
+                        "versions belong in constraints.txt")
+    for name, accepts, refuses in (("tensorflow", ["2.21.0", "2.21.7"], ["2.20.1", "2.22.0"]),
+                                   ("tf-keras", ["2.21.0", "2.21.7"], ["2.20.1", "2.22.0"]),
+                                   # 2.21.0's wheel fails to import (an undefined ICU symbol)
+                                   ("tensorflow-text", ["2.21.1", "2.21.7"],
+                                    ["2.21.0", "2.20.1", "2.22.0"])):
+        specifier = requirements[name].specifier
+        assert [v for v in accepts + refuses if specifier.contains(v)] == accepts, (
+            name, str(specifier))
+
+    result, chosen = _dry_run(wheel)
+    assert chosen is not None, f"pip install WHEEL does not resolve:\n{_errors(result)}"
+    minors = {name: _minor(chosen[name]["version"])
+              for name in ("tensorflow", "tf-keras", "tensorflow-text")}
+    assert set(minors.values()) == {(2, 21)}, minors
+    for name, requirement in requirements.items():
+        if requirement.marker is None or requirement.marker.evaluate():
+            assert requirement.specifier.contains(chosen[name]["version"], prereleases=True), (
+                name, chosen[name]["version"])
+
+
+def test_the_wheel_with_the_constraints_installs_exactly_the_locked_versions(wheel):
+    """`pip install WHEEL -c constraints.txt` resolves, and every package it would install has
+    the version constraints.txt gives it (none floats)."""
+    locked = locked_versions()
+    result, chosen = _dry_run(wheel, extra_args=("-c", f"{REPO}/constraints.txt"))
+    assert chosen is not None, (f"pip install WHEEL -c constraints.txt does not resolve:\n"
+                                f"{_errors(result)}\nregenerate it: make constraints")
+    chosen.pop("tftrain")
+    assert len(chosen) > 50, sorted(chosen)  # TensorFlow's dependencies, not only the wheel's
+    differ = {name: (metadata["version"], locked.get(name))
+              for name, metadata in chosen.items() if metadata["version"] != locked.get(name)}
+    assert not differ, f"{{name: (resolved, constraints.txt)}}: {differ}; make constraints"

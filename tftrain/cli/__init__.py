@@ -257,18 +257,36 @@ def system_error_message(command: str, error: BaseException) -> str | None:
                 "--config=... --target=...` plans the memory a run needs and suggests a change "
                 "that fits (a smaller data.batch_size, train.grad_accum_steps, "
                 "model.params.remat, runtime.mixed_precision)")
-    if kind in ("UnavailableError", "AbortedError", "CancelledError") and command == "train" \
-            and (_UNHEALTHY.search(str(error)) or "Collective" in str(error)):
-        # the unhealthy tasks are listed after TensorFlow's words; a task named before them
-        # (in the op's own device, say) is this worker
-        unhealthy = _UNHEALTHY.search(str(error))
-        peer = _PEER.search(str(error)[unhealthy.end():] if unhealthy else str(error))
-        who = f"worker {peer.group(1)}" if peer else "a peer worker"
-        return (f"{who} stopped answering (lost or unhealthy: TensorFlow's coordination "
-                "service saw no heartbeat, or a collective failed). Training stopped at the last "
-                "backup; run the same command on every worker again to resume from it (`tftrain "
-                "launch --max_restarts=N` does this by itself)")
+    if kind in _LOST_PEER_KINDS and command == "train" and (
+            _UNHEALTHY.search(str(error)) or "Collective" in str(error)
+            or "CoordinationService" in str(error)):
+        return _lost_peer_message(str(error))
     return None
+
+
+# How TensorFlow reports a peer it lost: the coordination service's verdict (Unavailable), a
+# collective aborted or cancelled, or, on a worker cut off from the others (a network
+# partition), its heartbeat or collective RPC past its deadline.
+_LOST_PEER_KINDS = ("UnavailableError", "AbortedError", "CancelledError", "DeadlineExceededError")
+
+
+def _lost_peer_message(text: str) -> str:
+    """The one line of every worker of a run that lost a peer (`text`: TensorFlow's error).
+
+    It names the peer when TensorFlow does: the unhealthy tasks are listed after its words; a
+    task named elsewhere (in the op's own device, say) counts unless it is this worker."""
+    from tftrain.runtime import cluster  # no TensorFlow
+
+    unhealthy = _UNHEALTHY.search(text)
+    own = cluster.task()[1]
+    named = [int(i) for i in _PEER.findall(text[unhealthy.end():] if unhealthy else text)]
+    peers = named if unhealthy else [i for i in named if i != own]
+    who = f"worker {peers[0]}" if peers else "a peer worker"
+    return (f"{who} stopped answering (lost or unhealthy, or the network between the workers "
+            "cut: TensorFlow's coordination service saw no heartbeat, or a collective failed or "
+            "ran out of time). Training stopped at the last backup; run the same command on "
+            "every worker again to resume from it (`tftrain launch --max_restarts=N` does this "
+            "by itself)")
 
 
 def disk_full_message(command: str, error: BaseException) -> str:

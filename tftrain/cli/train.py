@@ -6,7 +6,7 @@ Example: tftrain train --config=digits --params_override='train.epochs=3'
 """
 from absl import flags
 
-from tftrain import quiet_start
+from tftrain import native_log, quiet_start
 from tftrain.cli.common import use_flags
 
 FLAGS = flags.FLAGS
@@ -42,6 +42,8 @@ def main(argv):
         raise ConfigError(f"multi-worker training ({workers} workers) needs --model_dir, the same "
                           "on every worker (a shared filesystem or gs://)")
 
+    if workers > 1 and not FLAGS["verbosity"].present:
+        native_log.install()  # TensorFlow's native dump of a lost peer: shown with -v only
     quiet_start.import_tensorflow()  # only after the config is valid (and TF_CONFIG is set)
     from tftrain import run_dir
     from tftrain.engine import train
