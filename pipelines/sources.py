@@ -81,9 +81,10 @@ def text_lines(path: str):
 
 STDIN = "-"
 # What a file holds, by its extension: the kinds `predict_files` names in its refusals.
-KINDS = {".csv": "CSV", ".tsv": "CSV", ".jsonl": "JSON Lines", ".ndjson": "JSON Lines",
-         ".txt": "text", ".jpg": "images", ".jpeg": "images", ".png": "images",
-         ".tfrecord": "TFRecords", ".npy": "NumPy arrays", ".npz": "NumPy arrays"}
+KINDS = {".csv": "CSV files", ".tsv": "CSV files", ".jsonl": "JSON Lines files",
+         ".ndjson": "JSON Lines files", ".txt": "text files", ".jpg": "images", ".jpeg": "images",
+         ".png": "images", ".tfrecord": "TFRecords", ".npy": "NumPy arrays",
+         ".npz": "NumPy arrays"}
 
 
 def predict_files(source: str, extensions: tuple[str, ...], what: str, pipeline: str,

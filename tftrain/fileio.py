@@ -31,12 +31,12 @@ def atomic_file(path: str, mode: str = "w"):
     """A file to stream into (`mode` "w" or "wb") under a temporary name in the same directory
     (`<path>.tmp-<pid>`), renamed over `path` when the block ends, removed when it raises: a
     reader never sees a partial `path`, and a killed writer leaves only the temporary name."""
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = f"{os.path.abspath(path) if is_local(path) else path}.tmp-{os.getpid()}"
     try:
         with tf.io.gfile.GFile(tmp, mode) as f:
             yield f
     except BaseException:
-        remove(tmp, within=posixpath.dirname(tmp) or ".")
+        remove(tmp, within=posixpath.dirname(tmp))
         raise
     tf.io.gfile.rename(tmp, path, overwrite=True)
 
