@@ -343,12 +343,14 @@ class Pipeline(BasePipeline):
                     passed = [name for name in file_header if name not in read]
                     continue
                 key = f"{path}:{line}"
-                if isinstance(fields, BadLine) or len(fields) != len(file_header):
-                    problem = (fields if isinstance(fields, BadLine)
-                               else BadLine(_field_count_problem(fields, file_header)))
-                    yield Row(key=key, value=problem), {}
+                if isinstance(fields, BadLine):
+                    yield Row(key=key, value=fields), {}
                     continue
                 values = dict(zip(file_header, fields))
+                if len(fields) != len(file_header):  # what it has is passed through (its id)
+                    yield (Row(key=key, value=BadLine(_field_count_problem(fields, file_header))),
+                           {name: values[name] for name in passed if name in values})
+                    continue
                 value = [stand_in if name == label else values.get(name, "") for name in header]
                 yield Row(key=key, value=value), {name: values[name] for name in passed}
 

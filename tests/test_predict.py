@@ -222,7 +222,7 @@ def test_csv_rows_give_evaluate_paths_answers_with_ids_passed_through(csv_run, t
     rows = read_output(output)
     assert len(rows) == len(records) + 1
     assert [row["id"] for row in rows[:-1]] == [f"p{i}" for i in range(len(records))]
-    assert rows[-1]["id"] == "" and rows[-1]["class"] == "" and \
+    assert rows[-1]["id"] == "short" and rows[-1]["class"] == "" and \
         rows[-1]["error"].startswith("missing column(s) monthly_fee, age")
     assert rows[0]["input"] == f"{tmp_path / 'new.csv'}:2"
     assert_same_answers(rows[:-1], [row["input"] for row in rows[:-1]], expected, ["0", "1"])
@@ -299,3 +299,30 @@ def test_a_killed_predict_leaves_no_complete_looking_output(csv_run, tmp_path):
         os.close(feeder)
     assert not output.exists()
     assert [p.name.startswith("out.csv.tmp-") for p in tmp_path.iterdir() if p != fifo] == [True]
+
+
+def test_a_regression_writes_values_in_the_labels_units(tmp_path_factory, tmp_path):
+    """people.csv's monthly_fee as a regression target: each row's `value` is the model's
+    output as evaluate's path computes it (the head scales back to the label's units)."""
+    root = tmp_path_factory.mktemp("predict_regression")
+    write_people(root)
+    data = str(root / "data")
+    write_dataset(load_pipeline("csv", label_column="monthly_fee",
+                                columns="monthly_fee:float"), str(root / "people.csv"), data)
+    run = root / "run"
+    assert run_cli("train", f"--model_dir={run}", "--config=diabetes", "--params_override="
+                   f"data.dir={data},data.pipeline=csv,train.epochs=2") == 0
+    model = evaluate.load_saved_model(str(run / "export"))
+    expected = np.concatenate([model(inputs, training=False).numpy()
+                               for inputs, _ in data_lib.load(data, "test", 64, training=False)])
+    output = tmp_path / "fees.jsonl"
+    assert run_cli("predict", f"--model={run}", f"--data={data}", f"--output={output}") == 0
+    rows = read_output(output)
+    assert list(rows[0]) == ["input", "value", "error"]
+    np.testing.assert_allclose([row["value"] for row in rows], expected.ravel(), rtol=1e-6)
+    fees = [r.features.feature["monthly_fee"].float_list.value[0]
+            for r in map(tf.train.Example.FromString, split_records(data))]
+    # in the label's units (20..120), not standardized: near the fees, far from 0
+    assert abs(np.mean([row["value"] for row in rows]) - np.mean(fees)) < 20
+    assert run_cli("predict", f"--model={run}", f"--data={data}", f"--output={tmp_path / 'x.csv'}",
+                   "--top_k=2") == 2

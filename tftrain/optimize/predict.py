@@ -18,8 +18,10 @@ time to find which.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import csv
+import threading
 import dataclasses
 import io
 import itertools
@@ -42,6 +44,7 @@ from tftrain.optimize import evaluate, runs, tflite_eval
 
 FORMATS = (".csv", ".jsonl")
 DEFAULT_BATCH_SIZE = 256
+IN_FLIGHT = 2  # batches run at once (bench/predict.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,28 +92,18 @@ def predict(model: str, output: str, *, input_path: str | None = None,
     than `max_bad_fraction` of the rows were bad (the output is written first)."""
     check_output(output, overwrite)
     if (input_path is None) == (data is None):
-        raise ConfigError("give the rows to predict with --input=PATH (raw files, or - for "
-                          "standard input) or --data=DIR --split=NAME (converted records), "
-                          "not both")
+        raise ConfigError("give the rows to predict with one of --input=PATH (raw files, or - "
+                          "for standard input) and --data=DIR --split=NAME (converted records)")
     if batch_size < 1:
         raise ConfigError(f"--batch_size={batch_size} must be >= 1")
     path, run = find_model(model)
-    config = runs.load_run_config(run)  # the one place predict reads the run (see find_model)
-    task = runs.run_task(config)
+    task, manifest, pipeline = read_run(run, pipeline_options)
     if task.name == "language_model":
         raise ConfigError(f"{model} is a language model, which continues text rather than "
                           f"labelling rows: use tftrain generate --model_dir={run} "
                           "--prompt=TEXT")
-    manifest = foreign.read_manifest(config.data)
     info = manifest.get("info", {})
     columns = Columns.of(task, info, top_k)
-    source = foreign.load_kwargs(config.data)
-    pipeline = dataset_pipeline(manifest["pipeline"], source.get("pipeline"),
-                                source.get("trusted_pipeline"),
-                                **{**source.get("pipeline_options", {}),
-                                   **(pipeline_options or {})})
-    if manifest.get("assets"):  # a tokenizer model: encoding needs it
-        pipeline.load_assets(config.data.dir, manifest)
     if input_path is not None:
         items = raw_items(pipeline, input_path, info)
     else:
@@ -124,8 +117,7 @@ def predict(model: str, output: str, *, input_path: str | None = None,
     progress = Progress(None, label="predict")
     with atomic_file(output) as f:
         writer = Writer(f, output, columns)
-        for batch in prefetched(batched(items, batch_size)):
-            answered = answer(runner, batch)
+        for answered in answered_in_order(runner, prefetched(batched(items, batch_size))):
             writer.write(answered)
             f.flush()  # what a reader of the temporary file sees keeps up with the rows
             errors = [item for item, _ in answered if item.error]
@@ -189,6 +181,23 @@ def find_model(model: str) -> tuple[str, str]:
                           "its export/, quantized/ or pruned/): predict reads the run's dataset "
                           "to preprocess rows as training did; pass the run directory")
     return path, posixpath.dirname(params)
+
+
+def read_run(run: str, pipeline_options: dict | None = None):
+    """`(task, manifest, pipeline)` of the run directory `run`: the task it trained, its
+    dataset's manifest, and the pipeline that encodes rows as its data was converted (with
+    `pipeline_options` for reading, and the dataset's assets). The one place predict reads a
+    run's params.yaml (`runs.load_run_config`)."""
+    config = runs.load_run_config(run)
+    manifest = foreign.read_manifest(config.data)
+    source = foreign.load_kwargs(config.data)
+    pipeline = dataset_pipeline(manifest["pipeline"], source.get("pipeline"),
+                                source.get("trusted_pipeline"),
+                                **{**source.get("pipeline_options", {}),
+                                   **(pipeline_options or {})})
+    if manifest.get("assets"):  # a tokenizer model: encoding needs it
+        pipeline.load_assets(config.data.dir, manifest)
+    return runs.run_task(config), manifest, pipeline
 
 
 @dataclasses.dataclass(frozen=True)
@@ -312,6 +321,20 @@ def prefetched(batches):
             yield batch
 
 
+def answered_in_order(runner, batches, in_flight: int = IN_FLIGHT):
+    """`answer` of each batch, in order, `in_flight` batches run at once: TensorFlow and the
+    interpreter release the GIL, so one batch's decode (a single-threaded map over its images)
+    overlaps another's model."""
+    with concurrent.futures.ThreadPoolExecutor(in_flight, thread_name_prefix="predict") as pool:
+        pending = collections.deque()
+        for batch in batches:
+            pending.append(pool.submit(answer, runner, batch))
+            if len(pending) >= in_flight:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+
+
 def answer(runner, batch: list[Item]) -> list[tuple[Item, np.ndarray | None]]:
     """Each item of `batch` with the model's scores for it (None for a bad row). A batch the
     model's input pipeline refuses (an image whose pixels do not decode) runs again one row at
@@ -388,6 +411,7 @@ class TfliteRunner:
         self.batch_size = batch_size
         self.model = tflite_eval.TfliteModel(path, num_threads or len(os.sched_getaffinity(0)),
                                              batch_size)
+        self.lock = threading.Lock()  # one interpreter: one batch at a time (decodes overlap)
         self.classifier = classifier
 
     def __call__(self, examples: list[bytes]) -> np.ndarray:
@@ -399,7 +423,9 @@ class TfliteRunner:
             array = np.asarray(tensor)
             return np.concatenate([array, np.repeat(array[-1:], pad, axis=0)]) if pad else array
 
-        outputs, _ = self.model.run(tf.nest.map_structure(padded, inputs))
+        inputs = tf.nest.map_structure(padded, inputs)
+        with self.lock:
+            outputs, _ = self.model.run(inputs)
         outputs = outputs[:count]
         if self.classifier:
             return tf.nn.softmax(outputs.astype(np.float32)).numpy()
