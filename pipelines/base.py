@@ -100,3 +100,17 @@ class BasePipeline(abc.ABC):
     @abc.abstractmethod
     def decode(self, features: dict, info: dict):
         """Decodes a batch of parsed features (a dict of batched tensors) to `(inputs, label)`."""
+
+    def predict_rows(self, source: str, info: dict) -> Iterator[tuple[Row, dict]]:
+        """For `tftrain predict`: yields each raw row of `source` (a file, a folder, a glob; `-`,
+        standard input, where the pipeline reads lines) in the source's order, streaming, as
+        `encode` takes it with a stand-in label (the model's inputs do not read it), and the
+        row's fields to pass through to the output (an `id` column; {} for none). A row that
+        cannot be read is yielded too, as a value `encode` refuses with `BadRow`, so that it
+        gets its output row. Raises ConfigError when `source` holds another kind of input than
+        the pipeline reads (`sources.predict_files` names both)."""
+        from tftrain.errors import ConfigError
+
+        raise ConfigError(f"pipeline {self.name!r} has no reader of raw files for tftrain "
+                          "predict: predict on its converted records instead (--data=DIR "
+                          "--split=NAME)")

@@ -44,7 +44,7 @@ from pipelines.base import BasePipeline, Row
 from pipelines.lookup import TableCache
 from pipelines.options import check_known, get_bool, get_int, get_str
 from pipelines import class_ids
-from pipelines.sources import list_files, source_splits, text_lines, undecodable
+from pipelines.sources import list_files, predict_files, source_splits, text_lines, undecodable
 from tftrain.data import example_bytes
 from tftrain.errors import BadRow, ConfigError, DataError
 
@@ -304,10 +304,7 @@ class Pipeline(BasePipeline):
         if isinstance(fields, BadLine):
             raise BadRow(fields.reason)
         if len(fields) != len(header):
-            missing = header[len(fields):]
-            raise BadRow(f"missing column(s) {', '.join(missing)}: the row has {len(fields)} fields, "
-                         f"the header {len(header)}" if missing else
-                         f"the row has {len(fields)} fields, more than the {len(header)} in the header")
+            raise BadRow(_field_count_problem(fields, header))
         values = dict(zip(header, fields))
         feature = {}
         for column in info["columns"]:
@@ -323,6 +320,39 @@ class Pipeline(BasePipeline):
                 feature[name] = example_bytes.bytes_feature(text)
         feature[info["label"]["name"]] = self._label(values[info["label"]["name"]], info)
         return example_bytes.example(feature)
+
+    def predict_rows(self, source, info):
+        """The rows of CSV files (or `-`, standard input) with a header: their columns are
+        matched to the dataset's by name, in any order; the label column may be absent (its
+        stand-in is the first class, or 0), and every column the model does not read (an id,
+        the label, ignored ones) is passed through. A file without a column the model reads is
+        a ConfigError."""
+        header, label = info["header"], info["label"]["name"]
+        read = [c["name"] for c in info["columns"] if c["type"] != "ignore"]
+        stand_in = (info["label"].get("class_names") or ["0"])[0]
+        for path in predict_files(source, EXTENSIONS, "CSV files", self.name, stdin=True):
+            passed = []
+            for line, file_header, fields in self._rows(path):
+                if fields is None:
+                    missing = [name for name in read if name not in file_header]
+                    if missing:
+                        raise ConfigError(
+                            f"CSV file {path} has no column {', '.join(missing)}, which the "
+                            f"model reads (its dataset's header: {', '.join(header)}); add "
+                            "the column, or check --pipeline_options=delimiter=")
+                    passed = [name for name in file_header if name not in read]
+                    continue
+                key = f"{path}:{line}"
+                if isinstance(fields, BadLine):
+                    yield Row(key=key, value=fields), {}
+                    continue
+                values = dict(zip(file_header, fields))
+                if len(fields) != len(file_header):  # what it has is passed through (its id)
+                    yield (Row(key=key, value=BadLine(_field_count_problem(fields, file_header))),
+                           {name: values[name] for name in passed if name in values})
+                    continue
+                value = [stand_in if name == label else values.get(name, "") for name in header]
+                yield Row(key=key, value=value), {name: values[name] for name in passed}
 
     def _number(self, name: str, text: str, kind: str) -> float:
         if text.strip() in _MISSING:
@@ -391,6 +421,15 @@ class Pipeline(BasePipeline):
             raise ConfigError("the CSV dataset has no numeric or categorical columns to build a "
                               "matrix from; decode with --pipeline_options=output=dict.")
         return tf.concat(parts, axis=1), label
+
+
+def _field_count_problem(fields: list[str], header: list[str]) -> str:
+    """Why a row of `fields` does not fit `header` (a BadRow's reason)."""
+    missing = header[len(fields):]
+    if missing:
+        return (f"missing column(s) {', '.join(missing)}: the row has {len(fields)} fields, the "
+                f"header {len(header)}")
+    return f"the row has {len(fields)} fields, more than the {len(header)} in the header"
 
 
 def _is_class_id(text: str) -> bool:

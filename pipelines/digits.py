@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipelines import image_folder
 from pipelines.base import BasePipeline, Row
 from pipelines.images import (ENCODING_OPTIONS, IMAGE_FEATURES, decode_image_batch,
                               encoded_image_example, encoding_info, encoding_options)
@@ -50,11 +51,18 @@ class Pipeline(BasePipeline):
         return dict(IMAGE_FEATURES)
 
     def encode(self, row, info):
+        if isinstance(row.value[0], str):  # an image file (`predict_rows`)
+            return image_folder.encode_file(row, info)
         pixels, label = row.value
         # sklearn's pixels are 0..16; stretch them to the full 8-bit range.
         image = np.clip(np.rint(pixels * (255.0 / 16.0)), 0, 255).astype(np.uint8)
         return encoded_image_example(info, pixels=image, label=label, text=str(label),
                                      filename=row.key)
+
+    def predict_rows(self, source, info):
+        """Image files (8x8 grayscale PNGs or JPEGs of a digit, white on black; another size is
+        fitted into 8x8), stored as the conversion stores the embedded digits."""
+        return image_folder.image_file_rows(source, self.name)
 
     def decode(self, features, info):
         return decode_image_batch(features, SIZE, SIZE, 1, info)

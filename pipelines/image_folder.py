@@ -26,7 +26,7 @@ from pipelines.base import BasePipeline, Row
 from pipelines.images import (ENCODING_OPTIONS, IMAGE_FEATURES, decode_image_batch,
                               encoded_image_example, encoding_info, encoding_options, probe_image)
 from pipelines.options import check_known, get_int, get_size
-from pipelines.sources import SPLIT_NAMES
+from pipelines.sources import SPLIT_NAMES, predict_files
 from tftrain.errors import BadRow, ConfigError
 
 EXTENSIONS = (".jpg", ".jpeg", ".png")
@@ -89,7 +89,7 @@ class Pipeline(BasePipeline):
         """The height and width of the first readable image, for folders of same-sized images."""
         for row in self.read(None, {"class_names": class_names, "_layout": layout}):
             try:
-                _, height, width = probe_image(self._read_bytes(row.value[0]))
+                _, height, width = probe_image(_read_bytes(row.value[0]))
             except BadRow:
                 continue
             logging.info("image_folder: decoding to %dx%d, the size of %s; pass "
@@ -112,29 +112,45 @@ class Pipeline(BasePipeline):
                         yield Row(key=key_prefix + name, value=(path_prefix + name, label), split=split)
                     index += 1
 
-    @staticmethod
-    def _read_bytes(path: str) -> bytes:
-        import tensorflow as tf
-
-        from tftrain.fileio import read_bytes
-
-        try:
-            return read_bytes(path)
-        except (OSError, tf.errors.OpError) as e:
-            raise BadRow(f"cannot read {path}: {e}") from None
-
     def features(self, info):
         return dict(IMAGE_FEATURES)
 
     def encode(self, row, info):
-        path, label = row.value
-        return encoded_image_example(info, data=self._read_bytes(path), label=label,
-                                     text=info["class_names"][label], filename=row.key)
+        return encode_file(row, info)
+
+    def predict_rows(self, source, info):
+        return image_file_rows(source, self.name)
 
     def decode(self, features, info):
         height, width = self.image_size or info.get("image_size", [224, 224])[:2]
         channels = self.channels if "channels" in self.options else info.get("image_size", [0, 0, 3])[2]
         return decode_image_batch(features, height, width, channels, info)
+
+
+def _read_bytes(path: str) -> bytes:
+    import tensorflow as tf
+
+    from tftrain.fileio import read_bytes
+
+    try:
+        return read_bytes(path)
+    except (OSError, tf.errors.OpError) as e:
+        raise BadRow(f"cannot read {path}: {e}") from None
+
+
+def encode_file(row: Row, info: dict):
+    """The Example of an image file: `row.value` is `(path, label)`; the bytes are stored as
+    `info` says (`images.encoded_image_example`); an unreadable or damaged file is a BadRow."""
+    path, label = row.value
+    return encoded_image_example(info, data=_read_bytes(path), label=label,
+                                 text=info["class_names"][label], filename=row.key)
+
+
+def image_file_rows(source: str, pipeline: str):
+    """`predict_rows` of the image pipelines: each image file of `source` (a file, a folder,
+    recursively, or a glob), keyed by its path, with the stand-in label 0."""
+    for path in predict_files(source, EXTENSIONS, "images", pipeline):
+        yield Row(key=path, value=(path, 0)), {}
 
 
 def _isdir(path: str) -> bool:

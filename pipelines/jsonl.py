@@ -48,7 +48,7 @@ import posixpath
 from pipelines.base import BasePipeline, Row
 from pipelines.options import check_known, get_bool, get_int, get_str
 from pipelines import class_ids, subwords
-from pipelines.sources import list_files, source_splits, text_lines, undecodable
+from pipelines.sources import list_files, predict_files, source_splits, text_lines, undecodable
 from pipelines.text_sample import TextSample
 from tftrain.data import example_bytes
 from tftrain.data.manifest import TOKENIZER_MODEL
@@ -285,6 +285,33 @@ class Pipeline(BasePipeline):
                 "label": example_bytes.int64_feature(label)})
         return example_bytes.example({"text": example_bytes.bytes_feature(text),
                                       "label": example_bytes.int64_feature(label)})
+
+    def predict_rows(self, source, info):
+        """Rows of .jsonl files (objects with the text key; a label is not needed and other
+        keys, such as an id, are passed through), or text lines of .txt files and of `-`
+        (standard input), one text per line; blank lines are skipped, as conversion skips them."""
+        stand_in = (info.get("class_names") or [0])[0]
+        for path in predict_files(source, EXTENSIONS + (".txt",), "JSON Lines or text lines",
+                                  self.name, stdin=True):
+            json_lines = path.lower().endswith(EXTENSIONS)
+            for number, line in enumerate(text_lines(path), start=1):
+                if not line.strip():
+                    continue
+                key, value, passed = f"{path}:{number}", line, {}
+                if not json_lines:
+                    if not undecodable(line):
+                        value = json.dumps({self.text_key: line.rstrip("\r\n"),
+                                            self.label_key: stand_in})
+                else:
+                    try:
+                        record = json.loads(line)
+                    except (ValueError, RecursionError):
+                        record = None  # `encode` says why
+                    if isinstance(record, dict) and not undecodable(line):
+                        passed = {k: v for k, v in record.items()
+                                  if k not in (self.text_key, self.label_key)}
+                        value = json.dumps({**record, self.label_key: stand_in})
+                yield Row(key=key, value=value), passed
 
     def _subwords(self) -> subwords.Subwords:
         if self._subword_model is None:

@@ -89,7 +89,8 @@ def test_a_docs_command_names_real_flags_and_a_config_that_builds(page, command)
 # --- which of them run, and where -----------------------------------------------------------
 
 NOT_RUN_SECTION = "## Documented commands the suite does not run"
-AFTER_DEMO_KINDS = ("evaluate", "inspect", "report")  # read the demo's run and data: cheap
+# read the demo's run and data: cheap
+AFTER_DEMO_KINDS = ("evaluate", "inspect", "report", "predict")
 
 
 def after_the_demo() -> list[str]:

@@ -16,6 +16,7 @@ one-line error of a machine without a TPU. A `tftrain check` must pass its targe
 (`assert_check_passes`); where it checks a shipped config as shipped on a target the config
 claims (`shipped_check`), it also answers tests/test_check.py's question for that pair.
 """
+import csv
 import glob
 import json
 import os
@@ -345,9 +346,33 @@ def test_make_demo_recipe_runs_as_written(tmp_path):
         if " evaluate " in f" {command} ":  # the export, or its int8 model: the demo's bar
             accuracy = float(re.search(r"\baccuracy=(\d\.\d+)", result.stdout).group(1))
             assert accuracy >= 0.95, f"{command}: {result.stdout}"
+        elif " predict " in f" {command} ":  # every test record answered, as evaluate scores
+            _assert_predicted_the_demo_split(command, result.stdout, tmp_path)
         else:  # inspect: the demo's dataset, every split with its examples
             assert all(re.search(rf"\b{split}\b.*\d", result.stdout)
                        for split in ("train", "validation", "test")), result.stdout
+
+
+def _assert_predicted_the_demo_split(command: str, stdout: str, cwd) -> None:
+    """A predict on data/digits's test split: a row per record, none bad, the classes right as
+    often as the demo's bar (0.95) against the records' labels."""
+    import tensorflow as tf
+
+    from tftrain.data import manifest as manifest_lib
+
+    data = str(cwd / "data/digits")
+    files = manifest_lib.shard_files(data, manifest_lib.read(data), "test")
+    labels = [str(tf.train.Example.FromString(r).features.feature["image/class/label"]
+                  .int64_list.value[0]) for r in tf.data.TFRecordDataset(files).as_numpy_iterator()]
+    output = cwd / next(a.split("=", 1)[1] for a in shlex.split(command)
+                        if a.startswith("--output="))
+    text = output.read_text()
+    rows = ([json.loads(line) for line in text.splitlines()] if output.suffix == ".jsonl"
+            else list(csv.DictReader(text.splitlines())))
+    assert [row["input"] for row in rows] == [str(i) for i in range(len(labels))], command
+    assert f"predicted {len(labels):,} rows" in stdout and "none bad" in stdout, stdout
+    correct = sum(row["class"] == label for row, label in zip(rows, labels))
+    assert correct >= 0.95 * len(labels), f"{command}: {correct} of {len(labels)}"
 
 
 def chatter(output: str) -> list[str]:

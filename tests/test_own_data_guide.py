@@ -72,11 +72,10 @@ CITIES = {"lyon": 0.8, "oslo": -0.6, "lima": 0.3, "pune": -0.4}  # each city's p
 HEADER = ["age", "city", "monthly_fee", "tenure_months", "churned"]
 
 
-def write_people(root, n=500, seed=0, flipped=0.1) -> dict:
-    """people.csv as the guide shows it: churned (0/1) when a linear score of the fee, the tenure
-    and the city is positive, a `flipped` share of the labels the other way (people are not a
-    formula; the best a model can do is about 0.9); rows too close to the boundary are drawn
-    again (a gap that int8 rounding does not cross)."""
+def people_rows(n, seed, flipped) -> list[list]:
+    """`n` rows of HEADER: churned (0/1) when a linear score of the fee, the tenure and the city
+    is positive, a `flipped` share of the labels the other way; rows too close to the boundary
+    are drawn again (a gap that int8 rounding does not cross)."""
     rng = np.random.default_rng(seed)
     rows = []
     while len(rows) < n:
@@ -85,17 +84,36 @@ def write_people(root, n=500, seed=0, flipped=0.1) -> dict:
         score = (fee - 70) / 25 - (tenure - 30) / 18 + CITIES[city]
         if abs(score) > 0.3:
             rows.append([age, city, fee, tenure, int((score > 0) != (rng.random() < flipped))])
+    return rows
+
+
+def write_people(root, n=500, seed=0, flipped=0.1) -> dict:
+    """people.csv as the guide shows it (`people_rows`: people are not a formula; the best a
+    model can do is about 0.9), and new_people.csv, what predict reads: 150 other people with
+    an id, the columns in another order, no label (the formula's, unflipped, kept here), and
+    one row with two fields missing."""
+    rows = people_rows(n, seed, flipped)
     with open(root / "people.csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(HEADER)
         writer.writerows(rows)
+    new, truth = people_rows(150, seed + 1, 0.0), {}
+    with open(root / "new_people.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["id", "monthly_fee", "city", "tenure_months", "age"])
+        for i, (age, city, fee, tenure, churned) in enumerate(new):
+            writer.writerow([f"c{i:03d}", fee, city, tenure, age])
+            truth[f"new_people.csv:{i + 2}"] = str(churned)
+        writer.writerow(["c150", "80.0", "lyon"])
     churned = sum(row[-1] for row in rows) / n
     columns = {name: ("float", float(np.mean([row[i] for row in rows])))
                for i, name in enumerate(HEADER) if name not in ("city", "churned")}
     return {"rows": n, "chance": max(churned, 1 - churned),
             "columns": {**columns, "city": ("categorical", sorted(CITIES))},
             "info": {"header": HEADER, "num_classes": 2,
-                     "label": {"name": "churned", "type": "int"}}}
+                     "label": {"name": "churned", "type": "int"}},
+            "new": {"rows": 151, "bad": 1, "truth": truth,
+                    "passed": {"id": [f"c{i:03d}" for i in range(151)]}}}
 
 
 PHOTO_CLASSES = {"apple": (200, 40, 40), "leaf": (40, 160, 50), "sky": (60, 110, 220)}
@@ -103,18 +121,31 @@ PHOTO_CLASSES = {"apple": (200, 40, 40), "leaf": (40, 160, 50), "sky": (60, 110,
 
 def write_photos(root, per_class=60, seed=0) -> dict:
     """photos/<class>/*.png: 48x40 pictures in a class's colour at a random brightness, shaded
-    across and down, with noise (larger than the 32x32 the conversion resizes them to)."""
+    across and down, with noise (larger than the 32x32 the conversion resizes them to); and
+    new_photos/, what predict reads: 40 other pictures of each class, named after it, and a
+    damaged one (a PNG cut short)."""
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:40, 0:48]
+
+    def picture(colour, path):
+        shade = rng.uniform(0.6, 1.0) * np.array(colour) * (0.7 + 0.3 * xx / 48)[..., None]
+        pixels = shade + (yy * rng.uniform(0, 1))[..., None] + rng.normal(0, 12, (40, 48, 3))
+        Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(path)
+
+    (root / "new_photos").mkdir()
+    truth = {}
     for name, colour in PHOTO_CLASSES.items():
         (root / "photos" / name).mkdir(parents=True)
         for i in range(per_class):
-            shade = rng.uniform(0.6, 1.0) * np.array(colour) * (0.7 + 0.3 * xx / 48)[..., None]
-            pixels = shade + (yy * rng.uniform(0, 1))[..., None] + rng.normal(0, 12, (40, 48, 3))
-            Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8)).save(
-                root / "photos" / name / f"{i:03d}.png")
+            picture(colour, root / "photos" / name / f"{i:03d}.png")
+        for i in range(40):
+            picture(colour, root / "new_photos" / f"{name}_{i:03d}.png")
+            truth[f"new_photos/{name}_{i:03d}.png"] = name
+    (root / "new_photos" / "damaged.png").write_bytes(
+        (root / "new_photos" / "sky_000.png").read_bytes()[:200])
     return {"rows": per_class * len(PHOTO_CLASSES), "chance": 1 / len(PHOTO_CLASSES),
-            "info": {"class_names": sorted(PHOTO_CLASSES), "num_classes": len(PHOTO_CLASSES)}}
+            "info": {"class_names": sorted(PHOTO_CLASSES), "num_classes": len(PHOTO_CLASSES)},
+            "new": {"rows": len(truth) + 1, "bad": 1, "truth": truth}}
 
 
 def write_books(root, files=4, chars=200_000) -> dict:
@@ -131,12 +162,17 @@ def write_books(root, files=4, chars=200_000) -> dict:
 
 def write_reviews(root, n=600, seed=0) -> dict:
     """reviews.jsonl: {"text", "label"} rows, labelled pos or neg by two of their seven words
-    (tests/test_pipeline_jsonl.py's)."""
+    (tests/test_pipeline_jsonl.py's); and new_reviews.txt, what predict reads: 150 other
+    reviews, one text per line."""
     rows = make_lines(n, seed)
     write_jsonl(root / "reviews.jsonl", rows)
+    new = make_lines(150, seed + 1)
+    (root / "new_reviews.txt").write_text("".join(row["text"] + "\n" for row in new))
     positive = sum(row["label"] == "pos" for row in rows) / n
     return {"rows": n, "chance": max(positive, 1 - positive),
-            "info": {"class_names": ["neg", "pos"], "num_classes": 2}}
+            "info": {"class_names": ["neg", "pos"], "num_classes": 2},
+            "new": {"rows": 150, "bad": 0, "truth": {f"new_reviews.txt:{i + 1}": row["label"]
+                                                     for i, row in enumerate(new)}}}
 
 
 # --- what each section's commands promise --------------------------------------------------------
@@ -224,8 +260,32 @@ def check_generate(args, stdout, cwd, seen) -> None:
     assert stdout.startswith(prompt) and len(stdout.strip()) > len(prompt) + 20, stdout
 
 
+def check_predict(args, stdout, cwd, seen) -> None:
+    """One output row per input row, in input order, nothing dropped: the bad rows with their
+    reason in `error` and counted in the summary line; the good rows' classes right as often as
+    the section's test metric needs (the answers of new rows the model never saw)."""
+    output, new = cwd / flag(args, "output"), seen["new"]
+    if output.suffix == ".jsonl":
+        rows = [json.loads(line) for line in output.read_text().splitlines()]
+    else:
+        with open(output, newline="") as f:
+            rows = list(csv.DictReader(f))
+    assert len(rows) == new["rows"], (len(rows), new)
+    good = [row for row in rows if not row["error"]]
+    assert len(rows) - len(good) == new["bad"], [row for row in rows if row["error"]]
+    assert [row["input"] for row in good] == list(new["truth"]), [r["input"] for r in good][:5]
+    for column, values in new.get("passed", {}).items():
+        assert [row[column] for row in rows] == values, [row[column] for row in rows][:5]
+    summary = f"{new['bad']:,} bad" if new["bad"] else "none bad"
+    shown = f"predicted {new['rows']:,} rows into {flag(args, 'output')}: {summary}"
+    assert shown in stdout, stdout
+    accuracy = float(np.mean([row["class"] == new["truth"][row["input"]] for row in good]))
+    assert seen["section"].learned(accuracy, seen), (accuracy, seen["chance"])
+
+
 CHECKS = {"convert": check_convert, "inspect": check_inspect, "train": check_train,
-          "quantize": check_quantize, "evaluate": check_evaluate, "generate": check_generate}
+          "quantize": check_quantize, "evaluate": check_evaluate, "generate": check_generate,
+          "predict": check_predict}
 
 
 # --- the sections --------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """File helpers over `tf.io.gfile`, so every path may be local, gs:// or ram://."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -21,9 +22,22 @@ def join(*parts: str) -> str:
 def write_atomic(path: str, content: str | bytes) -> None:
     """Writes `content` (text or bytes) under a temporary name in the same directory, then
     renames it over `path`."""
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with tf.io.gfile.GFile(tmp, "wb" if isinstance(content, bytes) else "w") as f:
+    with atomic_file(path, "wb" if isinstance(content, bytes) else "w") as f:
         f.write(content)
+
+
+@contextlib.contextmanager
+def atomic_file(path: str, mode: str = "w"):
+    """A file to stream into (`mode` "w" or "wb") under a temporary name in the same directory
+    (`<path>.tmp-<pid>`), renamed over `path` when the block ends, removed when it raises: a
+    reader never sees a partial `path`, and a killed writer leaves only the temporary name."""
+    tmp = f"{os.path.abspath(path) if is_local(path) else path}.tmp-{os.getpid()}"
+    try:
+        with tf.io.gfile.GFile(tmp, mode) as f:
+            yield f
+    except BaseException:
+        remove(tmp, within=posixpath.dirname(tmp))
+        raise
     tf.io.gfile.rename(tmp, path, overwrite=True)
 
 

@@ -28,6 +28,7 @@ COMMANDS = {
     "inspect": "Show a TFRecord dataset's schema, splits and labels; --verify checks every record.",
     "train": "Train a model from a YAML experiment config (strategy, data, model, fit, export).",
     "evaluate": "Evaluate a SavedModel or .tflite model on a dataset split.",
+    "predict": "Predict on new raw files (images, CSV, text) with a trained model: CSV or JSONL out.",
     "prune": "Prune a trained model (magnitude, m:n) and measure it against the float model.",
     "quantize": "Quantize to TFLite (dynamic, int8, float16, qat), evaluated and gated on accuracy.",
     "launch": "Run a command (train) as N local multi-worker processes on loopback: launch -- train ...",

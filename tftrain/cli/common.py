@@ -16,7 +16,23 @@ FLAGS = flags.FLAGS
 _DEFINITIONS = {
     "output": lambda: flags.DEFINE_string(
         "output", None, "Where the command writes its result: convert, the dataset directory; "
-        "evaluate, the metrics JSON. gs:// works."),
+        "evaluate, the metrics JSON; predict, the predictions (.csv or .jsonl). gs:// works."),
+    "input": lambda: flags.DEFINE_string(
+        "input", "", "Raw input: convert, a directory, file or TFDS name, as the pipeline "
+        "expects; predict, an image, a folder (recursive), a glob, a CSV, JSON Lines or text "
+        "file, or - (lines on standard input)."),
+    "model": lambda: flags.DEFINE_string(
+        "model", None, "SavedModel directory (e.g. RUN/export) or a .tflite file; predict: "
+        "also a run directory (its export)."),
+    "batch_size": lambda: flags.DEFINE_integer(
+        "batch_size", None, "Examples per batch. evaluate: default the run's data.batch_size "
+        "for a run's model, else 256; predict: default 256."),
+    "max_bad_fraction": lambda: flags.DEFINE_float(
+        "max_bad_fraction", 0.01, "Fail when more than this fraction of the rows are bad: "
+        "convert leaves no dataset; predict keeps its output, whose error column says why."),
+    "top_k": lambda: flags.DEFINE_integer(
+        "top_k", None, "generate: sample among the K most likely tokens only (default 0: all); "
+        "predict: the K most probable classes of each row (default 1).", lower_bound=0),
     "config": lambda: flags.DEFINE_string(
         "config", "digits", "Experiment config: a YAML path, the name of a shipped config "
         "(configs/NAME.yaml), or a run directory (the config it trained with: its params.yaml)."),

@@ -21,8 +21,8 @@ from tftrain import quiet_start
 from tftrain.cli.common import parse_pipeline_options, require, use_flags
 
 FLAGS = flags.FLAGS
-use_flags(__name__, "overwrite", "output", "pipeline", "pipeline_options", "seed")
-flags.DEFINE_string("input", "", "Raw input: a directory, file or TFDS name, as the pipeline expects.")
+use_flags(__name__, "overwrite", "output", "pipeline", "pipeline_options", "seed", "input",
+          "max_bad_fraction")
 flags.DEFINE_string("splits", None, "Split fractions, e.g. train:0.8,validation:0.1,test:0.1, "
                     "assigned from a hash of each row's key; default: the source's own splits.")
 flags.DEFINE_integer("workers", 0, "Worker processes, each writing its own shards; 0: all cores "
@@ -30,8 +30,6 @@ flags.DEFINE_integer("workers", 0, "Worker processes, each writing its own shard
 flags.DEFINE_integer("num_shards", None, "Shards per split (default: from --shard_size_mb).")
 flags.DEFINE_float("shard_size_mb", None, "Target shard size in MB (default 150), estimated from "
                    "the input; at least one shard per worker.")
-flags.DEFINE_float("max_bad_fraction", 0.01, "Fail (and leave no dataset) when more than this "
-                   "fraction of the rows are bad.")
 flags.DEFINE_enum("runner", "local", ["local", "beam"], "local: worker processes on this machine; "
                   "beam: an Apache Beam pipeline (pip install 'tftrain[beam]').")
 flags.DEFINE_boolean("append", False, "Add the input's rows to the tftrain dataset in --output as "

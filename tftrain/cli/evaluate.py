@@ -26,10 +26,7 @@ from tftrain.optimize import bounds
 
 FLAGS = flags.FLAGS
 use_flags(__name__, "data", "split", "output", "pipeline", "pipeline_options",
-          "allow_python_in_model", "steps")
-flags.DEFINE_string("model", None, "SavedModel directory (e.g. RUN/export) or a .tflite file.")
-flags.DEFINE_integer("batch_size", None, "Evaluation batch size (default: the run's "
-                     "data.batch_size for a run's model, else 256).")
+          "allow_python_in_model", "steps", "model", "batch_size")
 
 
 def main(argv):

@@ -12,13 +12,11 @@ from tftrain import quiet_start
 from tftrain.cli.common import require, use_flags
 
 FLAGS = flags.FLAGS
-use_flags(__name__, "model_dir", "seed")
+use_flags(__name__, "model_dir", "seed", "top_k")
 flags.DEFINE_string("prompt", None, "The text to continue.")
 flags.DEFINE_integer("max_tokens", 200, "How many tokens (characters) to add.", lower_bound=0)
 flags.DEFINE_float("temperature", 0.8, "Sampling temperature; 0: greedy (the most likely "
                    "token each time).", lower_bound=0.0)
-flags.DEFINE_integer("top_k", 0, "Sample among the K most likely tokens only; 0: all.",
-                     lower_bound=0)
 
 
 def main(argv):
@@ -31,5 +29,5 @@ def main(argv):
     from tftrain.engine import generate
 
     print(generate.generate(FLAGS.model_dir, FLAGS.prompt, FLAGS.max_tokens, FLAGS.temperature,
-                            FLAGS.top_k, FLAGS.seed))
+                            FLAGS.top_k or 0, FLAGS.seed))
     return 0

@@ -10,7 +10,8 @@ Modules, one job each:
 - `quantize`: TFLite conversion (dynamic, int8, float16) and quantization-aware training;
 - `tflite_eval`: run a .tflite with the LiteRT interpreter: accuracy and latency;
 - `report`: report.json files and the float / pruned / int8 / float16 comparison table;
-- `runs`: the `tftrain prune` / `tftrain quantize` flows over a run directory.
+- `runs`: the `tftrain prune` / `tftrain quantize` flows over a run directory;
+- `predict`: `tftrain predict`, a run's model on new raw files through its dataset's pipeline.
 
 Everything works on a tf-keras model plus `tf.data` datasets of `(inputs, label)` batches.
 """
