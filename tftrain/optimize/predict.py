@@ -79,14 +79,14 @@ class Summary:
 
 
 def predict(model: str, output: str, *, input_path: str | None = None,
-            data: str | None = None, split: str = "test", top_k: int = 1,
+            data: str | None = None, split: str | None = None, top_k: int = 1,
             batch_size: int = DEFAULT_BATCH_SIZE, overwrite: bool = False,
             max_bad_fraction: float = 0.01, pipeline_options: dict | None = None,
             num_threads: int | None = None) -> Summary:
     """Writes `model`'s answer for every row of `input_path` (raw files) or of `data`'s `split`
     (converted records) to `output` (see the module docstring and `Columns`); returns the
     summary. `model`: a run directory (its export), a SavedModel directory or a .tflite file of
-    a run. `pipeline_options`: the conversion's reading options (a CSV delimiter, a JSON text
+    a run. `split` None: `test`, as `tftrain evaluate --data` takes it. `pipeline_options`: the conversion's reading options (a CSV delimiter, a JSON text
     key) when they were not the defaults. `num_threads`: the interpreter's (default: this
     machine's cores). Raises ConfigError for bad flags before any work, DataError when more
     than `max_bad_fraction` of the rows were bad (the output is written first)."""
@@ -107,6 +107,7 @@ def predict(model: str, output: str, *, input_path: str | None = None,
     if input_path is not None:
         items = raw_items(pipeline, input_path, info)
     else:
+        split = split or evaluate.DEFAULT_SPLIT
         items = record_items(data, split, manifest)
     runner = (TfliteRunner(path, manifest, pipeline, info, batch_size, num_threads,
                            classifier=bool(columns.class_names))
@@ -175,12 +176,12 @@ def find_model(model: str) -> tuple[str, str]:
         if path is None:
             raise ConfigError(f"--model={model} is not a run directory, a SavedModel (a run's "
                               "export/) or a .tflite file")
-    params = evaluate.run_params(path)
-    if params is None:
+    run = run_config.run_of(path)
+    if run is None:
         raise ConfigError(f"--model={model} is not inside a tftrain run (no params.yaml beside "
                           "its export/, quantized/ or pruned/): predict reads the run's dataset "
                           "to preprocess rows as training did; pass the run directory")
-    return path, posixpath.dirname(params)
+    return path, run
 
 
 def read_run(run: str, pipeline_options: dict | None = None):
