@@ -184,7 +184,8 @@ LONGEST_FIRST = ("test_documented_commands.py", "test_pipeline.py", "test_multiw
                  "test_dtensor.py", "test_check.py", "test_dtensor_transformer.py",
                  "test_applications.py", "test_language_model.py", "test_optimize_cli.py",
                  "test_pipeline_workers.py", "test_big_quantize.py", "test_subwords.py",
-                 "test_regression.py")
+                 "test_regression.py", "test_partition.py", "test_ema.py", "test_predict.py",
+                 "test_imagenet_layout.py", "test_gradient_clipping.py", "test_class_weights.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -302,7 +302,8 @@ def make_callbacks(train_config: config_lib.TrainConfig, model_dir: str, plan: S
         callbacks.append(heartbeat)
     # First: the step's gradient norm into its logs, then a NaN/Inf loss or norm is acted on
     # before any other callback sees the step.
-    norm = GradientNormLog(join(model_dir, run_dir.LOGS, "train") if writes and chief else None)
+    norm = GradientNormLog(join(model_dir, run_dir.LOGS, "train") if writes and chief else None,
+                           train_config.steps_per_execution)
     guard = DivergenceGuard(train_config.on_nan, backup, train_config.rollback_lr_factor,
                             train_config.max_rollbacks)
     # The model's own (`callbacks.unfreeze`) come next: before the backup, which builds nothing.
