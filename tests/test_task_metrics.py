@@ -395,3 +395,12 @@ def test_bits_per_byte_without_bytes_and_below_one_byte():
     quarter.update_state(np.array([[1]]), logits)
     bits = -log_softmax([0.0, 1.0], 1) / LN(2)
     assert float(quarter.result()) == pytest.approx(bits / 0.25, rel=1e-5)
+
+
+def test_class_names_are_the_datasets_by_id_as_text():
+    """The per-class measures' names: the manifest's `class_names` in id order, each as text
+    (a dataset may name its classes by numbers); none recorded, none given."""
+    assert ClassificationTask({"class_names": ["cat", 7, "dog"]}, num_classes=3).class_names() \
+        == ["cat", "7", "dog"]
+    assert ClassificationTask({}, num_classes=3).class_names() == []
+    assert ClassificationTask({"class_names": None}, num_classes=3).class_names() == []
