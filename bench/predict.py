@@ -29,7 +29,6 @@ import argparse
 import datetime
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -128,8 +127,7 @@ def prepare(work: str, images: int) -> dict:
         tftrain_cli("convert", "--pipeline=image_folder", f"--input={paths['folder']}",
                     f"--output={paths['data']}", cwd=work)
     if not os.path.exists(os.path.join(paths["run"], "quantized", "model_int8.tflite")):
-        shutil.rmtree(paths["run"], ignore_errors=True)
-        tftrain_cli("train", "--config=digits", f"--model_dir={paths['run']}",
+        tftrain_cli("train", "--config=digits", f"--model_dir={paths['run']}", "--overwrite",
                     f"--params_override=data.dir={paths['data']},data.pipeline=image_folder,"
                     "train.epochs=1,train.steps_per_epoch=5", cwd=work)
         tftrain_cli("quantize", f"--model_dir={paths['run']}", "--mode=int8",

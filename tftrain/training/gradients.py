@@ -13,8 +13,9 @@ every stage's gradient at once, and with replicas each stage's gradient once per
 pipeline names the gradients that count once (`counting_once`), so the norm is the whole
 model's, over every stage, counted once.
 
-Each update writes the norm, the largest finite norm so far and the clipped updates into
-variables of the optimizer: they are saved with its backup and restored on resume, and
+Each update writes the norm, the largest finite norm so far and the clipped updates (a share of
+the optimizer's `iterations`: every update applied was measured) into variables of the
+optimizer: they are saved with its backup and restored on resume, and
 `callbacks.gradient_norm` reads them into the step logs, TensorBoard and summary.json. A
 non-finite norm makes the update non-finite; the divergence guard acts on it
 (`train.on_nan`) at that step.
@@ -41,7 +42,6 @@ class GradientNorm:
         self.gradient_norm = None  # built by `build`: the last update's norm
         self.max_gradient_norm = None
         self.clipped_updates = None
-        self.measured_updates = None
 
     def build(self, var_list):
         """The optimizer's own variables, then (once) the norm's."""
@@ -50,7 +50,6 @@ class GradientNorm:
             self.gradient_norm = self._statistic("gradient_norm", tf.float32)
             self.max_gradient_norm = self._statistic("max_gradient_norm", tf.float32)
             self.clipped_updates = self._statistic("clipped_updates", tf.int64)
-            self.measured_updates = self._statistic("measured_updates", tf.int64)
 
     def _statistic(self, name: str, dtype) -> tf.Variable:
         """A scalar written once per update with the same value on every replica (kept apart
@@ -84,7 +83,6 @@ class GradientNorm:
         self.gradient_norm.assign(norm)
         self.clipped_updates.assign_add(tf.cast(norm > clip, tf.int64) if clip > 0
                                         else tf.constant(0, tf.int64))
-        self.measured_updates.assign_add(tf.constant(1, tf.int64))
         return grads
 
     def get_config(self):
@@ -137,7 +135,7 @@ def summary(optimizer) -> dict:
     inner = measuring(optimizer)
     if inner is None or inner.gradient_norm is None:
         return {}
-    measured = int(inner.measured_updates.numpy())
+    measured = int(inner.iterations.numpy())  # every applied update was measured
     clipped = int(inner.clipped_updates.numpy())
     return {"clip_global_norm": inner.clip_global_norm,
             "last_norm": float(inner.gradient_norm.numpy()),
