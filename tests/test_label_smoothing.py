@@ -1,7 +1,7 @@
 """task.label_smoothing, soft targets and top-5 accuracy: the classification and language-model
 losses against numpy's textbook formulas, accuracy on soft targets, top-5 through every output
 (Keras logs, summary.json, `tftrain evaluate` of a SavedModel and of a .tflite file), and the
-one-line refusals."""
+one-line refusals. (A label past data.info's classes: tests/test_imagenet_layout.py.)"""
 import json
 
 import numpy as np
@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 import tf_keras as keras
 
-from tests import documented, imagenet_layout
+from tests import documented
 from tftrain import config as config_lib
 from tftrain import tasks
 from tftrain.errors import ConfigError
@@ -242,16 +242,3 @@ def test_evaluate_reports_top5_of_a_saved_model_and_a_tflite_file(smoothed_run, 
         tflite.read_bytes(), load(digits_dir, "test", 64, training=False))
     assert got[TOP5] == pytest.approx(numpy_top5(interpreted, tflite_labels), abs=1e-12)
 
-
-def test_a_label_past_data_info_classes_names_it_the_split_and_the_fix(tmp_path, cli, capsys):
-    records = imagenet_layout.write(str(tmp_path / "records"))
-    # labels go to 3 (1-based): 3 classes declared are one too few
-    overrides = imagenet_layout.overrides(records, **{"data.info": "{num_classes: 3}",
-                                                      "train.epochs": 1})
-    assert cli("train", f"--model_dir={tmp_path / 'run'}",
-               f"--params_override={overrides}") == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"tftrain train: error: a label of 3 in split 'train' of {records} is "
-                   "outside the 3 classes [0, 3) that data.info={num_classes: 3} declares: set "
-                   "data.info.num_classes above the largest label (ImageNet's 1-based labels go "
-                   "to 1000: set data.info={num_classes: 1001}), or fix the records"], err
