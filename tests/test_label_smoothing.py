@@ -198,11 +198,11 @@ def smoothed_run(tmp_path_factory, digits_dir):
     from tests.conftest import run_cli
 
     run = tmp_path_factory.mktemp("smoothed") / "run"
-    assert run_cli(*documented.replaced(
-        documented.args("tftrain train --config=digits --model_dir=runs/smoothed "
-                        "--params_override=task.label_smoothing=0.1"), model_dir=run, params_override=(
-            f"task.label_smoothing=0.1,data.dir={digits_dir},train.epochs=2,"
-            "train.steps_per_epoch=6"))) == 0
+    documented_args = documented.args("tftrain train --config=digits --model_dir=runs/smoothed "
+                                      "--params_override=task.label_smoothing=0.1")
+    assert run_cli(*documented.replaced(documented_args, model_dir=run, params_override=(
+        f"task.label_smoothing=0.1,data.dir={digits_dir},train.epochs=2,"
+        "train.steps_per_epoch=6"))) == 0
     return run
 
 
