@@ -156,29 +156,38 @@ def _transform(image, transform):
 def auto_contrast(image, magnitude, seed):
     """Each channel stretched so that its darkest level is 0 and its brightest 255."""
     del magnitude, seed
-    levels = tf.cast(_quantized(image), tf.float64)
-    low = tf.reduce_min(levels, axis=[0, 1])
-    high = tf.reduce_max(levels, axis=[0, 1])
-    scale = 255.0 / tf.where(high > low, high - low, 1.0)
-    stretched = tf.clip_by_value(tf.floor(levels * scale - low * scale), 0.0, 255.0)
-    return _from_levels(tf.where(high > low, stretched, levels))
+    levels = _quantized(image)
+    low = tf.cast(tf.reduce_min(levels, axis=[0, 1]), tf.float64)
+    high = tf.cast(tf.reduce_max(levels, axis=[0, 1]), tf.float64)
+    scale = 255.0 / tf.maximum(high - low, 1.0)
+    # PIL's table, in double precision as PIL computes it: int(level * scale + offset).
+    lut = tf.floor(tf.range(256, dtype=tf.float64)[:, None] * scale - low * scale)
+    identity = tf.range(256, dtype=tf.float64)[:, None]
+    lut = tf.where(high > low, tf.clip_by_value(lut, 0.0, 255.0), identity)
+    return _from_levels(_lookup(tf.cast(lut, tf.int32), levels))
 
 
 def equalize(image, magnitude, seed):
     """PIL's ImageOps.equalize per channel: levels remapped by their cumulative histogram."""
     del magnitude, seed
     levels = _quantized(image)
-    channels = []
-    for channel in range(image.shape[-1]):
-        plane = levels[..., channel]
-        histogram = tf.math.bincount(plane, minlength=256, maxlength=256)
-        top_count = histogram[tf.reduce_max(plane)]  # PIL leaves the last level's count out
-        step = (tf.reduce_sum(histogram) - top_count) // 255
-        safe_step = tf.maximum(step, 1)
-        lut = (tf.cumsum(histogram, exclusive=True) + safe_step // 2) // safe_step
-        lut = tf.clip_by_value(lut, 0, 255)
-        channels.append(tf.where(step > 0, tf.gather(lut, plane), plane))
-    return _from_levels(tf.stack(channels, axis=-1))
+    channels = image.shape[-1]
+    histogram = tf.reshape(
+        tf.math.bincount(levels * channels + tf.range(channels), minlength=256 * channels,
+                         maxlength=256 * channels), [256, channels])
+    # PIL leaves the count of each channel's top level out of the step.
+    top_count = _lookup(histogram, tf.reduce_max(levels, axis=[0, 1]))
+    step = (tf.reduce_sum(histogram, axis=0) - top_count) // 255
+    safe_step = tf.maximum(step, 1)
+    lut = (tf.cumsum(histogram, axis=0, exclusive=True) + safe_step // 2) // safe_step
+    lut = tf.where(step > 0, tf.clip_by_value(lut, 0, 255), tf.range(256)[:, None])
+    return _from_levels(_lookup(lut, levels))
+
+
+def _lookup(lut, levels):
+    """Each channel's levels mapped through its column of `lut` ([256, C] int32)."""
+    channels = levels.shape[-1]
+    return tf.gather(tf.reshape(lut, [-1]), levels * channels + tf.range(channels))
 
 
 def invert(image, magnitude, seed):
