@@ -249,9 +249,13 @@ def test_random_erasing_fills_one_box_of_bounded_area_and_aspect_with_noise(heig
     assert min(aspects) < 0.6 and max(aspects) > 1.6
 
 
-def test_random_erasing_with_probability_zero_leaves_the_image_unchanged():
+def test_random_erasing_with_probability_zero_or_no_box_that_fits_leaves_the_image():
     image = levels_image(seed=16)
     np.testing.assert_array_equal(image_ops.random_erasing(image, SEED, 0.0).numpy(), image)
+    sliver = levels_image(1, 100, seed=16)  # every candidate box is at least 1 pixel high
+    for seed in range(10):
+        out = image_ops.random_erasing(sliver, tf.constant([seed, 0]), 1.0)
+        np.testing.assert_array_equal(out.numpy(), sliver)
 
 
 def test_random_erasing_erases_with_its_probability():
