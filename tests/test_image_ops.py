@@ -37,9 +37,9 @@ def outcomes(name, image, magnitude, seeds=8):
     return [o for i, o in enumerate(outs) if not any(np.array_equal(o, p) for p in outs[:i])]
 
 
-@pytest.mark.parametrize("channels", [1, 3])
-def test_every_op_keeps_the_shape_dtype_and_range(channels):
-    image = levels_image(channels=channels)
+@pytest.mark.parametrize("channels, height, width", [(1, 16, 20), (3, 16, 20), (3, 1, 2)])
+def test_every_op_keeps_the_shape_dtype_and_range(channels, height, width):
+    image = levels_image(height, width, channels)
     for name in image_ops.OPS:
         for magnitude in (0, 10, 30):
             out = op(name, image, magnitude)

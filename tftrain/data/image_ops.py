@@ -266,9 +266,10 @@ def sharpness(image, magnitude, seed):
     del seed
     channels = image.shape[-1]
     kernel = tf.tile(tf.constant(_SMOOTH)[:, :, None, None] / 13.0, [1, 1, channels, 1])
-    smooth = tf.nn.depthwise_conv2d(image[None], kernel, [1, 1, 1, 1], "VALID")[0]
-    border = tf.pad(tf.ones_like(smooth, tf.bool), [[1, 1], [1, 1], [0, 0]])
-    degenerate = tf.where(border, tf.pad(smooth, [[1, 1], [1, 1], [0, 0]]), image)
+    smooth = tf.nn.depthwise_conv2d(image[None], kernel, [1, 1, 1, 1], "SAME")[0]
+    shape = tf.shape(image)
+    inside = _box_mask(shape[0], shape[1], 1, shape[0] - 1, 1, shape[1] - 1)
+    degenerate = tf.where(inside, smooth, image)
     return _blend(degenerate, image, _enhance_factor(magnitude))
 
 
