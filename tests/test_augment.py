@@ -13,7 +13,10 @@ from tests import imagenet_layout
 
 CROP_FLIP_MIX = {"random_resized_crop": True, "flip": True, "mixup_alpha": 0.2,
                  "cutmix_alpha": 1.0}
-FOREIGN = {"pipeline": "image_folder", "pipeline_options": {"image_size": imagenet_layout.IMAGE_SIZE},
+EVERYTHING = {**CROP_FLIP_MIX, "randaugment": {"num_layers": 2, "magnitude": 15},
+              "random_erasing": 0.5, "switch_prob": 0.3, "mix_prob": 0.8}
+FOREIGN = {"pipeline": "image_folder",
+           "pipeline_options": {"image_size": imagenet_layout.IMAGE_SIZE},
            "info": {"num_classes": imagenet_layout.NUM_CLASSES}}
 
 
@@ -103,6 +106,27 @@ def test_the_flip_mirrors_exactly_the_examples_its_uniforms_say():
     np.testing.assert_array_equal(flipped[~mask], images.numpy()[~mask])
 
 
+def test_randaugment_and_erasing_take_each_image_with_its_own_seed():
+    import tensorflow as tf
+
+    from tftrain.data import augment, image_ops
+    from tftrain.data.augment_options import parse
+
+    images = tf.random.stateless_uniform([6, 12, 10, 3], [5, 5])
+    seeds = {"randaugment": tf.constant([1, 2], tf.int64),
+             "erasing": tf.constant([3, 4], tf.int64)}
+    stage = augment.Stage(parse({"randaugment": {"num_layers": 2, "magnitude": 10},
+                                 "random_erasing": 1.0}), seed=1, image_shape=(12, 10, 3))
+    out = stage.per_image(images, seeds, 6).numpy()
+    layer_seeds = augment.example_seeds(seeds["randaugment"], 6)
+    erase_seeds = augment.example_seeds(seeds["erasing"], 6)
+    for i in range(6):
+        expected = image_ops.random_erasing(
+            image_ops.randaugment(images[i], layer_seeds[i], 2, 10), erase_seeds[i], 1.0)
+        np.testing.assert_array_equal(out[i], expected.numpy())
+        assert np.abs(out[i] - images[i].numpy()).max() > 0.01  # erased: always changed
+
+
 # ---- the stream ---------------------------------------------------------------------------------
 
 def test_a_batch_is_a_function_of_seed_pipeline_and_position(records):
@@ -132,12 +156,15 @@ def test_a_batch_is_a_function_of_seed_pipeline_and_position(records):
     assert np.abs(other_pipeline_at_1 - at_1).max() > 0.1
 
 
-@pytest.mark.parametrize("cache", ["none", "decoded"])
-def test_a_resumed_stream_equals_the_uninterrupted_one(records, cache):
+@pytest.mark.parametrize("cache,augment", [
+    ("none", CROP_FLIP_MIX), ("decoded", CROP_FLIP_MIX), ("records", EVERYTHING)],
+    ids=["crop_flip_mix", "crop_flip_mix_cache_decoded", "everything_cache_records"])
+def test_a_resumed_stream_equals_the_uninterrupted_one(records, cache, augment):
     """Crop (JPEG windows; `cache=decoded`: crop_and_resize of the cached images), flip,
-    mixup and cutmix: the stream from start_batch=4 is batches 4, 5 of the stream from 0."""
-    reference = _batches(_load(records, augment=CROP_FLIP_MIX, cache=cache), 6)
-    resumed = _batches(_load(records, augment=CROP_FLIP_MIX, cache=cache, start_batch=4), 2)
+    mixup and cutmix, and RandAugment and random erasing: the stream from start_batch=4 is
+    batches 4, 5 of the stream from 0."""
+    reference = _batches(_load(records, augment=augment, cache=cache), 6)
+    resumed = _batches(_load(records, augment=augment, cache=cache, start_batch=4), 2)
     for got, want in zip(resumed, reference[4:]):
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
