@@ -298,3 +298,19 @@ def test_augmenting_a_pipeline_that_decodes_no_images_is_refused(text_dir, tmp_p
     assert capsys.readouterr().err.splitlines()[-1] == (
         "tftrain train: error: data.augment transforms images, and pipeline 'text' does not "
         "decode images (pipelines.images.decode_image_batch): remove data.augment")
+
+
+def test_mixing_is_refused_for_a_task_the_dataset_makes_regression():
+    """task.type=auto resolved from the dataset's float label: refused once it is known."""
+    from tftrain import config as config_lib
+    from tftrain import tasks
+    from tftrain.errors import ConfigError
+
+    config = config_lib.build_config("digits", overrides="data.augment.cutmix_alpha=1.0")
+    floats = {"pipeline": "csv", "info": {"label": {"type": "float"},
+                                          "label_stats": {"kind": "float", "shape": []}}}
+    with pytest.raises(ConfigError) as refused:
+        tasks.from_config(config, floats)
+    assert str(refused.value) == (
+        "data.augment's mixup_alpha/cutmix_alpha mix class labels into soft targets, and "
+        "task.type=regression (from the dataset's label) has no classes to mix: set them to 0")
