@@ -233,6 +233,7 @@ def test_the_export_serves_what_validation_saw(records, tmp_path, cli):
     import tensorflow as tf
 
     from tftrain.engine.export import saved_model_dir
+    from tftrain.optimize.predict import read_run
 
     run = tmp_path / "run"
     augment = "{random_resized_crop: true, flip: true}"
@@ -251,6 +252,9 @@ def test_the_export_serves_what_validation_saw(records, tmp_path, cli):
     plain, _ = next(iter(_load(records, "validation", 8, training=False)))
     (uncropped,) = loaded.signatures["serving_default"](plain).values()
     assert np.abs(uncropped.numpy() - served).max() > 1e-4  # the crop changes what it sees
+    # predict's .tflite path decodes with the run's info: the same center crop
+    _, manifest, _ = read_run(str(run))
+    assert manifest["info"]["eval_crop"] == 0.875
 
 
 # ---- bad settings: one line each, before any training -----------------------------------------
