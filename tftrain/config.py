@@ -24,6 +24,7 @@ from tftrain.config_schema import (  # noqa: F401  (the schema is part of this m
     SERVICE_MODES, STRATEGIES, TASK_LOSSES, TASK_TYPES, Config, DataConfig, ModelConfig,
     RuntimeConfig, TaskConfig, TrainConfig, WholeMapping, all_keys, apply_values,
     check_divisible, profile_steps, to_dict, to_yaml)
+from tftrain.data import augment_options
 from tftrain.errors import ConfigError
 from tftrain.runtime import dtensor_layouts, pipeline_schedule
 from tftrain.yaml_file import MAX_YAML_BYTES, MAX_YAML_NODES, load_yaml, read_yaml  # noqa: F401
@@ -275,8 +276,8 @@ def check_pipeline(runtime, batch_size: int) -> None:
 
 
 def check_task(config: Config) -> None:
-    """`task.type`, `task.loss` and `train.monitor` fit together (as far as known before the
-    dataset is read: `task.type=auto` is resolved by `tftrain.tasks.resolve`)."""
+    """`task.type`, `task.loss`, `train.monitor` and `data.augment` fit together (as far as
+    known before the dataset is read: `task.type=auto` is resolved by `tftrain.tasks.resolve`)."""
     task = config.task
     if task.type not in TASK_TYPES:
         close = difflib.get_close_matches(str(task.type), TASK_TYPES, n=1)
@@ -291,6 +292,7 @@ def check_task(config: Config) -> None:
     if task.type != "auto":
         tasks.TASKS[task.type].check_monitor(config.train.monitor)
     class_weights.check_setting(config.train.class_weight, task.type)
+    augment_options.check_task(augment_options.parse(config.data.augment), task.type)
 
 def from_yaml_file(path: str) -> Config:
     """Reads a resolved config (e.g. a run's params.yaml) strictly, and validates it."""
