@@ -111,9 +111,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     try:
         history = trainer.fit(train_data, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
                               validation_data=validation_data, callbacks=callbacks,
-                              validation_steps=(backend.validation_steps(config, run_.dataset)
-                                                or evaluation_steps(run_, config.data.eval_split)
-                                                or None),
+                              validation_steps=validation_steps(run_),
                               verbose=1 if sys.stdout.isatty() else 2)
     finally:  # a failed run still leaves its last backup whole
         backup.wait()
@@ -335,6 +333,14 @@ def last_validation(history, trained: keras.Model, run_) -> dict:
     config = run_.config
     return evaluate(trained, run_.backend.evaluation_data(config, config.data.eval_split),
                     evaluation_steps(run_, config.data.eval_split, config.train.validation_steps))
+
+
+def validation_steps(run_) -> int | None:
+    """`fit`'s `validation_steps`: the backend's (None: the whole split), or the count that
+    `evaluation_steps` gives other tools' TFRecords."""
+    config = run_.config
+    return (run_.backend.validation_steps(config, run_.dataset)
+            or evaluation_steps(run_, config.data.eval_split) or None)
 
 
 def evaluation_steps(run_, split: str, bound: int = 0) -> int:
