@@ -72,6 +72,16 @@ RUN_BY = {
     "tftrain convert --pipeline=digits --output=data/digits --runner=beam "
     "--beam_options='--runner=DirectRunner --direct_num_workers=2'":
         "tests/test_convert_beam.py::test_beam_cli_and_errors",
+    "tftrain train --config=imagenet_resnet50 --model_dir=runs/resnet50 "
+    "--params_override=data.dir=/data/imagenet": "tests/test_imagenet_recipe.py::recipe_run",
+    "tftrain evaluate --model=runs/resnet50/export":
+        "tests/test_imagenet_recipe.py::test_evaluate_and_quantize_as_the_header_shows",
+    "tftrain quantize --model_dir=runs/resnet50 --mode=int8":
+        "tests/test_imagenet_recipe.py::test_evaluate_and_quantize_as_the_header_shows",
+    "tftrain check --config=imagenet_resnet50 --target=tpu --params_override=data.dir=/data/imagenet":
+        "tests/test_imagenet_recipe.py::test_check_passes_for_the_claimed_targets",
+    "tftrain check --config=imagenet_resnet50 --target=gpu --params_override=data.dir=/data/imagenet":
+        "tests/test_imagenet_recipe.py::test_check_passes_for_the_claimed_targets",
     "tftrain convert --pipeline=lmdb --input=/data/faces_lmdb --output=data/faces "
     "--pipeline_options=labels=/data/faces_labels.csv,image_size=112":
         "tests/test_pipeline_lmdb.py::test_trains_on_a_converted_image_lmdb",

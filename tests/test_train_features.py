@@ -143,6 +143,47 @@ def test_schedules():
         keras.optimizers.AdamW)
 
 
+def test_warmup_epochs_and_the_rate_scaled_to_the_batch():
+    def rate(overrides, step, examples_per_step=0):
+        cfg = config_lib.build_config("digits", overrides=overrides).train
+        return float(optimizers.make_schedule(cfg, 10, 100, examples_per_step)(step))
+
+    scaled = ("train.learning_rate=0.1,train.lr_base_batch_size=256,train.lr_schedule=cosine,"
+              "train.warmup_epochs=0.5")
+    # 0.5 epochs of 10 steps: 5 warmup steps up to 0.1 x 1024 / 256 = 0.4
+    assert rate(scaled, 0, 1024) == pytest.approx(0.4 / 5)
+    assert rate(scaled, 4, 1024) == pytest.approx(0.4)
+    assert rate(scaled, 5, 1024) == pytest.approx(0.4)
+    assert rate(scaled, 4, 64) == pytest.approx(0.025)
+    assert rate(scaled, 4) == pytest.approx(0.1)  # the update's batch unknown: as given
+    plan = steps.plan_steps(config_lib.TrainConfig(), 1000, 96)
+    assert plan.examples_per_step == 96
+
+
+def test_sgd_weight_decay_is_l2_on_kernels_through_the_momentum():
+    """tftrain's SGD with weight_decay takes the steps of plain SGD on loss + wd/2 |kernel|^2
+    (biases undecayed): Model Garden's l2_weight_decay."""
+    cfg = config_lib.build_config(
+        "digits", overrides="train.optimizer=sgd,train.learning_rate=0.5,train.momentum=0.9,"
+                            "train.lr_schedule=constant,train.weight_decay=0.01").train
+    kernel, bias = tf.Variable([[1.0, -2.0], [3.0, 0.5]]), tf.Variable([1.0, 2.0])
+    ref_kernel, ref_bias = tf.Variable(kernel), tf.Variable(bias)
+    mine = optimizers.make_optimizer(cfg, 10, 10)
+    reference = keras.optimizers.SGD(0.5, momentum=0.9)
+    x = tf.constant([[0.5, -1.0], [2.0, 1.0]])
+    for _ in range(3):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.matmul(x, kernel) + bias) ** 2 / 100
+        mine.apply_gradients(zip(tape.gradient(loss, [kernel, bias]), [kernel, bias]))
+        with tf.GradientTape() as tape:
+            loss = (tf.reduce_sum(tf.matmul(x, ref_kernel) + ref_bias) ** 2 / 100
+                    + 0.01 / 2 * tf.reduce_sum(ref_kernel ** 2))
+        reference.apply_gradients(zip(tape.gradient(loss, [ref_kernel, ref_bias]),
+                                      [ref_kernel, ref_bias]))
+    np.testing.assert_allclose(kernel.numpy(), ref_kernel.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(bias.numpy(), ref_bias.numpy(), rtol=1e-5)
+
+
 def test_plan_steps():
     cfg = config_lib.TrainConfig(epochs=3)
     assert steps.plan_steps(cfg, 100, 32) == steps.StepPlan(3, 3, 9)
@@ -155,6 +196,10 @@ def test_plan_steps():
     ("train.lr_schedule=linear", "not one of"),
     ("train.grad_accum_steps=0", "grad_accum_steps must be > 0"),
     ("train.lr_schedule=plateau,train.warmup_steps=5", "cannot be combined"),
+    ("train.lr_schedule=plateau,train.warmup_epochs=1", "cannot be combined"),
+    ("train.warmup_steps=5,train.warmup_epochs=1", "both set: set one of them"),
+    ("train.optimizer=adam,train.weight_decay=0.0001", "does nothing with train.optimizer=adam"),
+    ("train.lr_base_batch_size=-1", "lr_base_batch_size must be >= 0"),
     ("train.monitor=val_acc", "did you mean 'val_accuracy'"),
     ("train.backup_every_steps=-1", "backup_every_steps must be >= 0"),
 ])

@@ -24,6 +24,7 @@ from tftrain.config_schema import (  # noqa: F401  (the schema is part of this m
     SERVICE_MODES, STRATEGIES, TASK_LOSSES, TASK_TYPES, Config, DataConfig, ModelConfig,
     RuntimeConfig, TaskConfig, TrainConfig, WholeMapping, all_keys, apply_values,
     check_divisible, profile_steps, to_dict, to_yaml)
+from tftrain.data import augment_options
 from tftrain.errors import ConfigError
 from tftrain.runtime import dtensor_layouts, pipeline_schedule
 from tftrain.yaml_file import MAX_YAML_BYTES, MAX_YAML_NODES, load_yaml, read_yaml  # noqa: F401
@@ -181,15 +182,13 @@ def validate(config: Config) -> None:
                 "train.grad_accum_steps", "train.lr_decay_epochs", "train.lr_decay_rate"):
         section, name = key.split(".")
         positive(key, getattr(getattr(config, section), name))
-    for key in ("warmup_steps", "lr_min", "plateau_patience", "early_stopping_patience",
-                "backup_every_steps", "weight_decay", "validation_steps",
+    for key in ("warmup_steps", "warmup_epochs", "lr_base_batch_size", "lr_min",
+                "plateau_patience", "early_stopping_patience", "backup_every_steps",
+                "weight_decay", "validation_steps",
                 "validation_every_steps", "test_steps", "log_every_steps"):
         if getattr(config.train, key) < 0:
             raise ConfigError(f"train.{key} must be >= 0, got {getattr(config.train, key)}")
-    if config.train.lr_schedule == "plateau" and config.train.warmup_steps:
-        raise ConfigError("train.lr_schedule=plateau cannot be combined with train.warmup_steps "
-                          f"({config.train.warmup_steps}): reduce-on-plateau needs a plain rate; "
-                          "use lr_schedule=cosine or constant for warmup")
+    check_rate_settings(config.train)
     if config.train.lr_min >= config.train.learning_rate and config.train.lr_schedule in ("cosine", "plateau"):
         raise ConfigError(f"train.lr_min ({config.train.lr_min}) must be below train.learning_rate "
                           f"({config.train.learning_rate}) for lr_schedule={config.train.lr_schedule}")
@@ -275,8 +274,8 @@ def check_pipeline(runtime, batch_size: int) -> None:
 
 
 def check_task(config: Config) -> None:
-    """`task.type`, `task.loss` and `train.monitor` fit together (as far as known before the
-    dataset is read: `task.type=auto` is resolved by `tftrain.tasks.resolve`)."""
+    """`task.type`, `task.loss`, `train.monitor` and `data.augment` fit together (as far as
+    known before the dataset is read: `task.type=auto` is resolved by `tftrain.tasks.resolve`)."""
     task = config.task
     if task.type not in TASK_TYPES:
         close = difflib.get_close_matches(str(task.type), TASK_TYPES, n=1)
@@ -292,6 +291,7 @@ def check_task(config: Config) -> None:
     if task.type != "auto":
         tasks.TASKS[task.type].check_monitor(config.train.monitor)
     class_weights.check_setting(config.train.class_weight, task.type)
+    augment_options.check_task(augment_options.parse(config.data.augment), task.type)
 
 
 def from_yaml_file(path: str) -> Config:
@@ -303,3 +303,21 @@ def from_yaml_file(path: str) -> Config:
     apply_values(result, values)
     validate(result)
     return result
+
+
+def check_rate_settings(train) -> None:
+    """Raises ConfigError for warmup, rate-scaling and weight-decay settings that contradict
+    each other or the optimizer (one line each, naming the keys)."""
+    warmup = train.warmup_steps or train.warmup_epochs
+    if train.warmup_steps and train.warmup_epochs:
+        raise ConfigError(f"train.warmup_steps ({train.warmup_steps}) and train.warmup_epochs "
+                          f"({train.warmup_epochs}) both set: set one of them")
+    if train.lr_schedule == "plateau" and warmup:
+        raise ConfigError("train.lr_schedule=plateau cannot be combined with warmup "
+                          f"(train.warmup_steps={train.warmup_steps}, train.warmup_epochs="
+                          f"{train.warmup_epochs}): reduce-on-plateau needs a plain rate; "
+                          "use lr_schedule=cosine or constant for warmup")
+    if train.weight_decay and train.optimizer not in ("sgd", "adamw"):
+        raise ConfigError(f"train.weight_decay={train.weight_decay} does nothing with "
+                          f"train.optimizer={train.optimizer}: use adamw (decoupled decay) or "
+                          "sgd (L2 on the kernels), or set weight_decay=0")

@@ -71,6 +71,8 @@ class DataConfig:
     autotune: bool = True
     service_address: str = ""  # host:port of a tf.data service dispatcher: train input runs there
     service_mode: str = "parallel_epochs"  # parallel_epochs | distributed_epoch (tf.data service)
+    # Image augmentation of the training input ({}: none; keys in tftrain/data/augment_options.py)
+    augment: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -100,8 +102,13 @@ class TrainConfig:
     steps: Optional[int] = None  # total optimizer steps; when set, it decides the run's length
     optimizer: str = "adam"  # sgd | adam | adamw | adafactor (factored second moments)
     learning_rate: float = 1e-3  # the peak rate (after warmup)
+    # > 0: learning_rate is the rate for a global batch of this many examples, scaled linearly
+    # to the run's (data.batch_size x grad_accum_steps): Goyal et al. (2017), timm's lr_base_size
+    lr_base_batch_size: int = 0
     momentum: float = 0.9  # sgd only
-    weight_decay: float = 0.0  # adamw only
+    # adamw: decoupled decay; sgd: L2 on the weights of rank >= 2 added to their gradients (what
+    # Model Garden's l2_weight_decay and PyTorch's SGD weight_decay do); adam, adafactor: none
+    weight_decay: float = 0.0
     # > 0: each update's gradients scaled down to this global norm (the whole model's, after
     # the all-reduce and the loss scale); 0: measured (summary.json's `gradients`), not clipped
     clip_global_norm: float = 0.0
@@ -111,6 +118,7 @@ class TrainConfig:
     ema_decay: float = 0.0
     lr_schedule: str = "constant"  # constant | step | cosine | plateau
     warmup_steps: int = 0  # linear warmup from 0 (constant, step, cosine)
+    warmup_epochs: float = 0.0  # the same counted in epochs of the training split (not both)
     lr_decay_epochs: int = 30  # step: multiply by lr_decay_rate every this many epochs
     lr_decay_rate: float = 0.1  # step and plateau: the factor
     lr_min: float = 0.0  # cosine: the final rate; plateau: the floor
@@ -392,6 +400,15 @@ KEY_DOCS = {
     "data.service_mode": "tf.data service sharding: `parallel_epochs` (every service worker "
                          "runs the whole pipeline) or `distributed_epoch` (each example once "
                          "per pass).",
+    "data.augment": "Image augmentation of the training input, on the host, resumable exactly "
+                    "(`{}`: none): `random_resized_crop` (`true` or `{scale: [0.08, 1.0], "
+                    "ratio: [0.75, 1.3333], eval_crop: 0.875}`; evaluation, export and predict "
+                    "then center-crop `eval_crop` of the shorter side), `flip` (horizontal), "
+                    "`randaugment` (`{num_layers: 2, magnitude: 10}`, magnitude 0..30), "
+                    "`random_erasing` (a probability), `mixup_alpha` and `cutmix_alpha` "
+                    "(>= 0; soft targets), `switch_prob` (0.5: the chance a mixed batch uses "
+                    "cutmix when both are on), `mix_prob` (1.0: the chance a batch is mixed). "
+                    "Image pipelines only; see the training guide.",
     "task.type": "What is learned from the labels; `auto` follows the dataset's label "
                  "(`dataset.json`'s `info.label_stats`): class ids or names are "
                  "classification, floats regression, token windows language_model.",
@@ -418,7 +435,16 @@ KEY_DOCS = {
                        "small state for big models).",
     "train.learning_rate": "The peak learning rate (after warmup).",
     "train.momentum": "SGD's momentum.",
-    "train.weight_decay": "AdamW's decoupled weight decay.",
+    "train.weight_decay": "`adamw`: decoupled weight decay; `sgd`: L2 regularization of the "
+                          "weights of rank >= 2 (kernels, not biases or normalization), added "
+                          "to their gradients as Model Garden's `l2_weight_decay` and "
+                          "PyTorch's SGD do; refused for adam and adafactor.",
+    "train.lr_base_batch_size": "> 0: `learning_rate` is given for a global batch of this many "
+                                "examples and scaled linearly to the run's update batch "
+                                "(`data.batch_size` x `grad_accum_steps`): the rule of Goyal et "
+                                "al. (2017); 0: used as given.",
+    "train.warmup_epochs": "Linear warmup from 0 over this many epochs of the training split "
+                           "(rounded to steps); set this or `warmup_steps`, not both.",
     "train.clip_global_norm": "> 0: each update's gradients are scaled down to at most this "
                               "global norm (the whole model's: after the all-reduce over "
                               "replicas and workers, without the loss scale, over every "

@@ -149,7 +149,7 @@ def build_and_compile(config: config_lib.Config, manifest: dict, plan,
     trainer = grad_accum.wrap(model, config.train.grad_accum_steps)
     trainer.compile(
         optimizer=optimizers.make_optimizer(config.train, plan.schedule_epoch_steps,
-                                             plan.total_steps),
+                                             plan.total_steps, plan.examples_per_step),
         loss=task.loss(), metrics=task.metrics(),
         steps_per_execution=config.train.steps_per_execution, **compile_kwargs)
     create_step_variables(trainer, model, spec[1])

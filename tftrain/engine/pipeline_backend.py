@@ -95,7 +95,8 @@ class PipelineBackend(backends.StrategyBackend):
             virtual_stages=runtime.virtual_stages, workers=self.workers,
             name=f"{model.name}_pipeline")
         trainer.compile(optimizer=optimizers.make_optimizer(config.train, plan.schedule_epoch_steps,
-                                                            plan.total_steps),
+                                                            plan.total_steps,
+                                                            plan.examples_per_step),
                         loss=task.loss(), metrics=task.metrics(), jit_compile=False,
                         steps_per_execution=config.train.steps_per_execution)
         # Built (BackupAndRestore needs built models) by one example through the stages.

@@ -111,7 +111,7 @@ def run(config: config_lib.Config, model_dir: str, overwrite: bool,
     try:
         history = trainer.fit(train_data, epochs=plan.epochs, steps_per_epoch=plan.steps_per_epoch,
                               validation_data=validation_data, callbacks=callbacks,
-                              validation_steps=backend.validation_steps(config, run_.dataset),
+                              validation_steps=validation_steps(run_),
                               verbose=1 if sys.stdout.isatty() else 2)
     finally:  # a failed run still leaves its last backup whole
         backup.wait()
@@ -332,7 +332,27 @@ def last_validation(history, trained: keras.Model, run_) -> dict:
         return validation
     config = run_.config
     return evaluate(trained, run_.backend.evaluation_data(config, config.data.eval_split),
-                    config.train.validation_steps)
+                    evaluation_steps(run_, config.data.eval_split, config.train.validation_steps))
+
+
+def validation_steps(run_) -> int | None:
+    """`fit`'s `validation_steps`: the backend's (None: the whole split), or the count that
+    `evaluation_steps` gives other tools' TFRecords."""
+    config = run_.config
+    return (run_.backend.validation_steps(config, run_.dataset)
+            or evaluation_steps(run_, config.data.eval_split) or None)
+
+
+def evaluation_steps(run_, split: str, bound: int = 0) -> int:
+    """The batches of an evaluation of `split`: `bound` (0: the whole split). Keras evaluates
+    with `steps_per_execution` > 1 only a dataset of known size, and the reader cannot know
+    the size of other tools' TFRecords (no manifest): for those, the whole split is the count
+    the run made when it started, in global batches (full ones only on a TPU)."""
+    config = run_.config
+    if bound or config.data.format != "tfrecord" or config.train.steps_per_execution == 1:
+        return bound
+    examples, batch = run_.dataset.examples(split), config.data.batch_size
+    return max(1, examples // batch if run_.backend.name == "tpu" else -(-examples // batch))
 
 
 def evaluate_test_split(trained: keras.Model, model: keras.Model, run_, model_dir: str) -> dict:
@@ -340,7 +360,7 @@ def evaluate_test_split(trained: keras.Model, model: keras.Model, run_, model_di
     classifier's per-class measures too, `engine.per_class`, of `model`)."""
     config, backend = run_.config, run_.backend
     metrics = evaluate(trained, backend.evaluation_data(config, config.data.test_split),
-                       config.train.test_steps)
+                       evaluation_steps(run_, config.data.test_split, config.train.test_steps))
     metrics.update(per_class.measure(model, run_.task, config, model_dir, backend.chief))
     return metrics
 

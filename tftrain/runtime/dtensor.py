@@ -198,13 +198,14 @@ def make_optimizer(train_config: config_lib.TrainConfig, plan, mesh, shard_state
     """The optimizer of `train.optimizer`, with the run's schedule, as a DTensor optimizer
     (given `mesh=`) whose updates DTensor applies exactly (`dtensor_optimizers`); with
     `shard_state` (runtime.shard_optimizer_state) its slots are split over `batch`."""
-    lr = optimizers.make_schedule(train_config, plan.schedule_epoch_steps, plan.total_steps)
+    lr = optimizers.make_schedule(train_config, plan.schedule_epoch_steps, plan.total_steps,
+                                  plan.examples_per_step)
     common = {"mesh": mesh, "shard_state": shard_state,
               "clip_global_norm": train_config.clip_global_norm}
     decay = train_config.ema_decay  # the weights' average, written by the single-write update
     if train_config.optimizer == "sgd":
         return ema.make(dtensor_optimizers.SGD, decay, lr, momentum=train_config.momentum,
-                        **common)
+                        l2=train_config.weight_decay, **common)
     if train_config.optimizer == "adamw":
         return ema.make(dtensor_optimizers.AdamW, decay, lr,
                         weight_decay=train_config.weight_decay, **common)

@@ -153,7 +153,7 @@ class _DataflowUpdates:
         return slots[self._index_dict[self._var_key(variable)]]
 
 
-class SGD(GradientNorm, _DataflowUpdates, keras.dtensor.experimental.optimizers.SGD):
+class SGD(optimizers.KernelL2, GradientNorm, _DataflowUpdates, keras.dtensor.experimental.optimizers.SGD):
     """tf-keras SGD (momentum, nesterov) with data-flow updates."""
 
     def update_step(self, gradient, variable):

@@ -72,23 +72,45 @@ class Scaled(keras.optimizers.schedules.LearningRateSchedule):
                 "scale": float(self.scale.numpy())}
 
 
-def make_schedule(train: config_lib.TrainConfig, steps_per_epoch: int, total_steps: int):
+def make_schedule(train: config_lib.TrainConfig, steps_per_epoch: int, total_steps: int,
+                  examples_per_step: int = 0):
     """The learning rate: a float (constant, plateau) or a schedule over optimizer steps.
 
+    The peak rate is `peak_learning_rate` (scaled to `examples_per_step`, the examples of one
+    update, when `train.lr_base_batch_size` is set).
     step: StepLR — multiply by `lr_decay_rate` every `lr_decay_epochs` epochs.
-    cosine: from `learning_rate` down to `lr_min` over the steps after warmup.
-    Each but plateau is preceded by `warmup_steps` of linear warmup when that is > 0.
-    With `on_nan=rollback` a schedule is `Scaled`, so that a rollback can lower it.
+    cosine: from the peak rate down to `lr_min` over the steps after warmup.
+    Each but plateau is preceded by `warmup_steps(train, steps_per_epoch)` of linear warmup
+    when that is > 0. With `on_nan=rollback` a schedule is `Scaled`, so that a rollback can
+    lower it.
     """
-    schedule = _unscaled_schedule(train, steps_per_epoch, total_steps)
+    schedule = _unscaled_schedule(train, steps_per_epoch, total_steps,
+                                  peak_learning_rate(train, examples_per_step))
     if train.on_nan == "rollback" and not isinstance(schedule, float):
         return Scaled(schedule)
     return schedule
 
 
-def _unscaled_schedule(train: config_lib.TrainConfig, steps_per_epoch: int, total_steps: int):
-    lr = train.learning_rate
-    if train.lr_schedule == "plateau" or (train.lr_schedule == "constant" and not train.warmup_steps):
+def peak_learning_rate(train: config_lib.TrainConfig, examples_per_step: int) -> float:
+    """`train.learning_rate`, scaled linearly from a global batch of `train.lr_base_batch_size`
+    examples to `examples_per_step` when both are known (Goyal et al., 2017)."""
+    if not (train.lr_base_batch_size and examples_per_step):
+        return train.learning_rate
+    return train.learning_rate * examples_per_step / train.lr_base_batch_size
+
+
+def warmup_steps(train: config_lib.TrainConfig, steps_per_epoch: int) -> int:
+    """The steps of linear warmup: `train.warmup_steps`, or `train.warmup_epochs` of
+    `steps_per_epoch` steps (at least 1 when warmup is asked for)."""
+    if train.warmup_epochs:
+        return max(1, round(train.warmup_epochs * steps_per_epoch))
+    return train.warmup_steps
+
+
+def _unscaled_schedule(train: config_lib.TrainConfig, steps_per_epoch: int, total_steps: int,
+                       lr: float):
+    warmup = warmup_steps(train, steps_per_epoch)
+    if train.lr_schedule == "plateau" or (train.lr_schedule == "constant" and not warmup):
         return lr
     if train.lr_schedule == "constant":
         schedule = Constant(lr)
@@ -97,14 +119,34 @@ def _unscaled_schedule(train: config_lib.TrainConfig, steps_per_epoch: int, tota
             lr, decay_steps=train.lr_decay_epochs * steps_per_epoch,
             decay_rate=train.lr_decay_rate, staircase=True)
     else:  # cosine
-        decay_steps = max(1, total_steps - train.warmup_steps)
+        decay_steps = max(1, total_steps - warmup)
         schedule = keras.optimizers.schedules.CosineDecay(
             lr, decay_steps=decay_steps, alpha=train.lr_min / lr)
-    return LinearWarmup(schedule, train.warmup_steps) if train.warmup_steps else schedule
+    return LinearWarmup(schedule, warmup) if warmup else schedule
 
 
-class SGD(GradientNorm, keras.optimizers.SGD):
-    """tf-keras SGD, its gradients' global norm measured and clipped (`gradients`)."""
+class KernelL2:
+    """Adds `l2 * weight` to the gradient of each weight of rank >= 2 (kernels and embeddings;
+    not biases or normalization scales) before the optimizer's update: L2 regularization as
+    Model Garden's `l2_weight_decay` and PyTorch's SGD `weight_decay` apply it (through the
+    momentum), after the gradients' norm was measured and clipped."""
+
+    def __init__(self, *args, l2: float = 0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.l2 = l2
+
+    def update_step(self, gradient, variable):
+        if self.l2 and variable.shape.rank >= 2:
+            gradient = tf.convert_to_tensor(gradient) + tf.cast(self.l2, variable.dtype) * variable
+        return super().update_step(gradient, variable)
+
+    def get_config(self):
+        return {**super().get_config(), "l2": self.l2}
+
+
+class SGD(KernelL2, GradientNorm, keras.optimizers.SGD):
+    """tf-keras SGD, its gradients' global norm measured and clipped (`gradients`), with L2 on
+    its kernels (`KernelL2`)."""
 
 
 class Adam(GradientNorm, keras.optimizers.Adam):
@@ -211,7 +253,8 @@ def _rms(x):
     return tf.sqrt(tf.reduce_mean(tf.square(x)))
 
 
-def make_optimizer(train: config_lib.TrainConfig, steps_per_epoch: int, total_steps: int):
+def make_optimizer(train: config_lib.TrainConfig, steps_per_epoch: int, total_steps: int,
+                   examples_per_step: int = 0):
     """The optimizer that `train.optimizer` names, with its learning-rate schedule.
 
     With `train.ema_decay` > 0 it keeps a moving average of the weights (`training.ema`).
@@ -219,10 +262,11 @@ def make_optimizer(train: config_lib.TrainConfig, steps_per_epoch: int, total_st
     scaling); nothing is needed here. Every update's gradients have their global norm measured
     and, with `train.clip_global_norm` > 0, clipped to it (`training.gradients`).
     """
-    lr = make_schedule(train, steps_per_epoch, total_steps)
+    lr = make_schedule(train, steps_per_epoch, total_steps, examples_per_step)
     clip = {"clip_global_norm": train.clip_global_norm}
     if train.optimizer == "sgd":
-        return ema.make(SGD, train.ema_decay, lr, momentum=train.momentum, **clip)
+        return ema.make(SGD, train.ema_decay, lr, momentum=train.momentum, l2=train.weight_decay,
+                        **clip)
     if train.optimizer == "adamw":
         return ema.make(AdamW, train.ema_decay, lr, weight_decay=train.weight_decay, **clip)
     if train.optimizer == "adafactor":

@@ -23,6 +23,8 @@ class StepPlan:
     epochs: int
     total_steps: int
     data_epoch_steps: int = 0  # 0: steps_per_epoch
+    # examples one update consumes (the global batch x grad_accum_steps; 0: not known)
+    examples_per_step: int = dataclasses.field(default=0, compare=False)
 
     @property
     def schedule_epoch_steps(self) -> int:
@@ -52,4 +54,4 @@ def plan_steps(train_config: config_lib.TrainConfig, num_examples: int,
         logging.info("train.validation_every_steps=%d: %d validations over %d steps", every,
                      math.ceil(total / every), total)
     return StepPlan(every, math.ceil(total / every), total,
-                    steps_per_epoch if every != steps_per_epoch else 0)
+                    steps_per_epoch if every != steps_per_epoch else 0, examples_per_step)
