@@ -225,13 +225,23 @@ def decode_image_batch(features: dict, height: int, width: int, channels: int,
     labels = tf.cast(features["image/class/label"], tf.int32)
     if window is not None:
         def decode_window(args):
-            cropped = decode_window_of(args[0], lambda size: window(size, args[1]), channels)
+            encoded, seed, flip = args
+            cropped = decode_window_of(encoded, lambda size: window(size, seed), channels)
+            # the small uint8 window mirrored before the resize: a flip of the resized float
+            # batch cost as much CPU as the JPEG's decode (bench/recipes.py)
+            cropped = tf.cond(flip, lambda: tf.reverse(cropped, [1]), lambda: cropped)
             return tf.image.resize(tf.cast(cropped, tf.float32), [height, width])
 
-        seeds = info.get("random_crop", {}).get("seeds")
+        count = tf.shape(features["image/encoded"])[0]
+        crop = info.get("random_crop", {})
+        seeds = crop.get("seeds")
         if seeds is None:  # the same (center) window rule for every image
-            seeds = tf.zeros([tf.shape(features["image/encoded"])[0], 2], tf.int64)
-        images = decode_batch(decode_window, tf.float32, (features["image/encoded"], seeds))
+            seeds = tf.zeros([count, 2], tf.int64)
+        flips = crop.get("flips")
+        if flips is None:
+            flips = tf.zeros([count], tf.bool)
+        images = decode_batch(decode_window, tf.float32,
+                              (features["image/encoded"], seeds, flips))
         return images / 255.0, labels
 
     # Datasets are usually stored at the training size: then the (costly) resize is skipped for
@@ -293,17 +303,22 @@ def random_window(size, seed, scale, ratio):
     return [begin[0], begin[1], extent[0], extent[1]]
 
 
-def random_crop_batch(images, seeds, scale, ratio, height: int, width: int):
+def random_crop_batch(images, seeds, scale, ratio, height: int, width: int, flips=None):
     """Each image of a decoded batch [B, H, W, C] cut to its `random_window` (seeds [B, 2]) and
-    resized to height x width, in one `crop_and_resize` of the whole batch."""
+    resized to height x width, in one `crop_and_resize` of the whole batch; the images `flips`
+    ([B] bool) marks come out mirrored left to right (their boxes sampled right to left)."""
     import tensorflow as tf
 
     size = tf.shape(images)[1:3]
     windows = tf.map_fn(lambda seed: tf.stack(random_window(size, seed, scale, ratio)), seeds,
                         fn_output_signature=tf.TensorSpec([4], tf.int32))
     last = tf.cast(tf.maximum(size - 1, 1), tf.float32)
-    first = tf.cast(windows[:, :2], tf.float32)
-    boxes = tf.concat([first / last, (first + tf.cast(windows[:, 2:] - 1, tf.float32)) / last], 1)
+    first = tf.cast(windows[:, :2], tf.float32) / last
+    end = (tf.cast(windows[:, :2] + windows[:, 2:] - 1, tf.float32)) / last
+    left, right = first[:, 1], end[:, 1]
+    if flips is not None:
+        left, right = tf.where(flips, right, left), tf.where(flips, left, right)
+    boxes = tf.stack([first[:, 0], left, end[:, 0], right], 1)
     return tf.image.crop_and_resize(images, boxes, tf.range(tf.shape(images)[0]),
                                     [height, width])
 
@@ -375,7 +390,7 @@ def _decode_raw_batch(features: dict, stored, height: int, width: int, channels:
     if "random_crop" in info:
         crop = info["random_crop"]
         images = random_crop_batch(images, crop["seeds"], crop["scale"], crop["ratio"], height,
-                                   width)
+                                   width, crop.get("flips"))
         return images / 255.0, labels
     if info.get("eval_crop"):
         top, left, rows, columns = center_window([stored_height, stored_width],

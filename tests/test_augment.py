@@ -90,6 +90,42 @@ def test_a_jpeg_window_decode_equals_decode_then_crop(subsampling, channels):
         assert not np.array_equal(windowed, whole[top + 1:top + 1 + rows, left:left + columns])
 
 
+def test_with_the_crop_the_flip_mirrors_the_windows_of_the_examples_it_marks(records):
+    """The flip rides on the crop (the window mirrored before its resize, or sampled right to
+    left by crop_and_resize): a flipped example is the mirror of the same window unflipped."""
+    import tensorflow as tf
+
+    from pipelines.images import decode_image_batch, random_crop_batch
+    from tftrain.data import reader
+
+    serialized = next(iter(reader.load(records, "train", 16, training=False, **FOREIGN,
+                                       last_stage="read")))
+    features = tf.io.parse_example(serialized, reader.parse_spec(
+        reader.open_split(records, "train", "image_folder", FOREIGN["pipeline_options"],
+                          FOREIGN["info"], None).pipeline.features({})))
+    seeds = tf.random.stateless_uniform([16, 2], [4, 2], minval=None, maxval=None,
+                                        dtype=tf.int64)
+    flips = tf.constant([True, False] * 8)
+    size = imagenet_layout.IMAGE_SIZE
+
+    def crops(flip_mask):
+        info = {"random_crop": {"scale": (0.3, 1.0), "ratio": (0.75, 1.33), "seeds": seeds,
+                                "flips": flip_mask}}
+        return decode_image_batch(features, size, size, 3, info)[0].numpy()
+
+    plain, mirrored = crops(None), crops(flips)
+    mask = flips.numpy()
+    np.testing.assert_allclose(mirrored[mask], plain[mask][:, :, ::-1], atol=1e-5)
+    np.testing.assert_array_equal(mirrored[~mask], plain[~mask])
+    assert np.abs(mirrored[mask] - plain[mask]).max() > 0.1  # they were mirrored
+    # decoded images (raw pixels, the decoded cache): one crop_and_resize of the batch
+    images = tf.constant(plain)
+    plain, mirrored = (random_crop_batch(images, seeds, (0.3, 1.0), (0.75, 1.33), 12, 12,
+                                         flip_mask).numpy() for flip_mask in (None, flips))
+    np.testing.assert_allclose(mirrored[mask], plain[mask][:, :, ::-1], atol=1e-5)
+    np.testing.assert_array_equal(mirrored[~mask], plain[~mask])
+
+
 def test_the_flip_mirrors_exactly_the_examples_its_uniforms_say():
     import tensorflow as tf
 
