@@ -121,5 +121,8 @@ class Pipeline(BasePipeline):
                                          filename=row.key)
         return png_example(image, label=label, text=str(label), filename=row.key)
 
+    def image_shape(self, info):
+        return SIZE, SIZE, 3
+
     def decode(self, features, info):
-        return decode_image_batch(features, SIZE, SIZE, channels=3, info=info)
+        return decode_image_batch(features, *self.image_shape(info), info)

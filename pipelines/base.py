@@ -101,6 +101,12 @@ class BasePipeline(abc.ABC):
     def decode(self, features: dict, info: dict):
         """Decodes a batch of parsed features (a dict of batched tensors) to `(inputs, label)`."""
 
+    def image_shape(self, info: dict) -> tuple[int, int, int] | None:
+        """`(height, width, channels)` of the images `decode` yields when it is an image
+        pipeline's (its decode is `pipelines.images.decode_image_batch`, which `data.augment`
+        needs), else None."""
+        return None
+
     def predict_rows(self, source: str, info: dict) -> Iterator[tuple[Row, dict]]:
         """For `tftrain predict`: yields each raw row of `source` (a file, a folder, a glob; `-`,
         standard input, where the pipeline reads lines) in the source's order, streaming, as

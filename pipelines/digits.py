@@ -64,5 +64,8 @@ class Pipeline(BasePipeline):
         fitted into 8x8), stored as the conversion stores the embedded digits."""
         return image_folder.image_file_rows(source, self.name)
 
+    def image_shape(self, info):
+        return SIZE, SIZE, 1
+
     def decode(self, features, info):
-        return decode_image_batch(features, SIZE, SIZE, 1, info)
+        return decode_image_batch(features, *self.image_shape(info), info)

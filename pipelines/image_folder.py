@@ -121,10 +121,13 @@ class Pipeline(BasePipeline):
     def predict_rows(self, source, info):
         return image_file_rows(source, self.name)
 
-    def decode(self, features, info):
+    def image_shape(self, info):
         height, width = self.image_size or info.get("image_size", [224, 224])[:2]
         channels = self.channels if "channels" in self.options else info.get("image_size", [0, 0, 3])[2]
-        return decode_image_batch(features, height, width, channels, info)
+        return height, width, channels
+
+    def decode(self, features, info):
+        return decode_image_batch(features, *self.image_shape(info), info)
 
 
 def _read_bytes(path: str) -> bytes:

@@ -189,12 +189,21 @@ def decode_image_batch(features: dict, height: int, width: int, channels: int,
     (`image_encoding=raw`, of shape `info["image_size"]`) are one `decode_raw` of the whole
     batch; anything else (JPEG/PNG bytes, or no recorded encoding: older datasets, foreign
     TFRecords) decodes per image (JPEG/PNG are per-image formats) in a vectorized map.
+
+    Without a crop, an image of another size is fitted in with `resize_with_pad`. Two keys of
+    `info` crop each image to a window first and resize the window to height x width (no
+    padding), decoding only the window of a JPEG (`decode_and_crop_jpeg`):
+    `eval_crop` (a fraction: the square center crop of that share of the shorter side, what
+    evaluation sees with `data.augment.random_resized_crop`), or `random_crop` (set by the
+    reader's augment stage per training batch: `{scale, ratio, seeds}`, see `random_window`).
     """
     import tensorflow as tf
 
-    if (info or {}).get("image_encoding") == "raw":
-        return _decode_raw_batch(features, info["image_size"], height, width, channels)
-    limit = (info or {}).get("max_pixels", DEFAULT_MAX_PIXELS)
+    info = info or {}
+    window = _window_function(info)
+    if info.get("image_encoding") == "raw":
+        return _decode_raw_batch(features, info["image_size"], height, width, channels, info)
+    limit = info.get("max_pixels", DEFAULT_MAX_PIXELS)
     # Every image's declared size, read from the headers of the whole batch at once, before
     # anything decodes (one check per batch: per image, the check cost 2.6x a 32x32 PNG's decode).
     within = tf.debugging.assert_less_equal(
@@ -204,13 +213,26 @@ def decode_image_batch(features: dict, height: int, width: int, channels: int,
     def decode(encoded):
         return tf.io.decode_image(encoded, channels=channels, expand_animations=False)
 
-    def decode_batch(decode_one, dtype):
+    def decode_batch(decode_one, dtype, elements=None):
         # One image at a time within a batch: the parallel map over batches already keeps the
         # cores busy, and a parallel loop only added hand-offs (bench/input.py: 75 -> 63 us of
         # CPU per 32x32 PNG).
         with tf.control_dependencies([within]):
-            return tf.map_fn(decode_one, features["image/encoded"], parallel_iterations=1,
+            return tf.map_fn(decode_one, elements or features["image/encoded"],
+                             parallel_iterations=1,
                              fn_output_signature=tf.TensorSpec([height, width, channels], dtype))
+
+    labels = tf.cast(features["image/class/label"], tf.int32)
+    if window is not None:
+        def decode_window(args):
+            cropped = decode_window_of(args[0], lambda size: window(size, args[1]), channels)
+            return tf.image.resize(tf.cast(cropped, tf.float32), [height, width])
+
+        seeds = info.get("random_crop", {}).get("seeds")
+        if seeds is None:  # the same (center) window rule for every image
+            seeds = tf.zeros([tf.shape(features["image/encoded"])[0], 2], tf.int64)
+        images = decode_batch(decode_window, tf.float32, (features["image/encoded"], seeds))
+        return images / 255.0, labels
 
     # Datasets are usually stored at the training size: then the (costly) resize is skipped for
     # the whole batch, decided from the stored image/height and image/width, and the images stay
@@ -224,9 +246,76 @@ def decode_image_batch(features: dict, height: int, width: int, channels: int,
         lambda: decode_batch(
             lambda e: tf.image.resize_with_pad(tf.cast(decode(e), tf.float32), height, width),
             tf.float32))
-    images = images / 255.0
-    labels = tf.cast(features["image/class/label"], tf.int32)
-    return images, labels
+    return images / 255.0, labels
+
+
+def decode_window_of(encoded, window, channels: int):
+    """One encoded image's pixels (uint8) inside `window(size)`'s `(top, left, height, width)`
+    for its [height, width] `size`: a JPEG decodes only that window (its size read from its
+    header), other formats decode whole and are cut."""
+    import tensorflow as tf
+
+    def jpeg():
+        return tf.image.decode_and_crop_jpeg(
+            encoded, tf.stack(window(tf.image.extract_jpeg_shape(encoded)[:2])),
+            channels=channels)
+
+    def other():
+        image = tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+        top, left, rows, columns = window(tf.shape(image)[:2])
+        return image[top:top + rows, left:left + columns]
+
+    return tf.cond(tf.equal(tf.strings.substr(encoded, 0, 2), b"\xff\xd8"), jpeg, other)
+
+
+def center_window(size, fraction: float):
+    """`(top, left, height, width)` of the square center crop of `fraction` of the shorter side
+    of an image of [height, width] `size` (Model Garden's `center_crop_image`)."""
+    import tensorflow as tf
+
+    size = tf.cast(size, tf.int32)
+    side = tf.maximum(tf.cast(fraction * tf.cast(tf.reduce_min(size), tf.float32), tf.int32), 1)
+    return [(size[0] - side + 1) // 2, (size[1] - side + 1) // 2, side, side]
+
+
+def random_window(size, seed, scale, ratio):
+    """`(top, left, height, width)` of an Inception-style random crop of an image of
+    [height, width] `size`, drawn statelessly from `seed` ([2] integers): area a fraction in
+    `scale` of the image's, aspect (width / height) in `ratio`, the whole image when 10
+    attempts found none (`stateless_sample_distorted_bounding_box`)."""
+    import tensorflow as tf
+
+    size = tf.cast(size, tf.int32)
+    begin, extent, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.concat([size, [1]], 0), tf.constant([[[0.0, 0.0, 1.0, 1.0]]]), seed=seed,
+        min_object_covered=0.1, aspect_ratio_range=list(ratio), area_range=list(scale),
+        max_attempts=10, use_image_if_no_bounding_boxes=True)
+    return [begin[0], begin[1], extent[0], extent[1]]
+
+
+def random_crop_batch(images, seeds, scale, ratio, height: int, width: int):
+    """Each image of a decoded batch [B, H, W, C] cut to its `random_window` (seeds [B, 2]) and
+    resized to height x width, in one `crop_and_resize` of the whole batch."""
+    import tensorflow as tf
+
+    size = tf.shape(images)[1:3]
+    windows = tf.map_fn(lambda seed: tf.stack(random_window(size, seed, scale, ratio)), seeds,
+                        fn_output_signature=tf.TensorSpec([4], tf.int32))
+    last = tf.cast(tf.maximum(size - 1, 1), tf.float32)
+    first = tf.cast(windows[:, :2], tf.float32)
+    boxes = tf.concat([first / last, (first + tf.cast(windows[:, 2:] - 1, tf.float32)) / last], 1)
+    return tf.image.crop_and_resize(images, boxes, tf.range(tf.shape(images)[0]),
+                                    [height, width])
+
+
+def _window_function(info: dict):
+    """`window(size, seed)` for the crop `info` asks for (`decode_image_batch`), or None."""
+    if "random_crop" in info:
+        crop = info["random_crop"]
+        return lambda size, seed: random_window(size, seed, crop["scale"], crop["ratio"])
+    if info.get("eval_crop"):
+        return lambda size, seed: center_window(size, info["eval_crop"])
+    return None
 
 
 def header_pixels(encoded):
@@ -267,9 +356,11 @@ def header_pixels(encoded):
                    lambda: pixels)
 
 
-def _decode_raw_batch(features: dict, stored, height: int, width: int, channels: int):
+def _decode_raw_batch(features: dict, stored, height: int, width: int, channels: int,
+                      info: dict):
     """Raw uint8 pixels of the `stored` [height, width, channels] -> the decoded batch, with the
-    same ops as the JPEG/PNG path on images stored at size (so the values are identical)."""
+    same ops as the JPEG/PNG path on images stored at size (so the values are identical); the
+    crops of `info` (see `decode_image_batch`) cut the whole batch at once."""
     import tensorflow as tf
 
     stored_height, stored_width, stored_channels = stored
@@ -280,9 +371,19 @@ def _decode_raw_batch(features: dict, stored, height: int, width: int, channels:
     if stored_channels != channels:  # read with other channels than converted: rare, vectorized
         images = (tf.image.grayscale_to_rgb(images) if channels == 3
                   else tf.round(tf.image.rgb_to_grayscale(images)))
-    if (stored_height, stored_width) != (height, width):
+    labels = tf.cast(features["image/class/label"], tf.int32)
+    if "random_crop" in info:
+        crop = info["random_crop"]
+        images = random_crop_batch(images, crop["seeds"], crop["scale"], crop["ratio"], height,
+                                   width)
+        return images / 255.0, labels
+    if info.get("eval_crop"):
+        top, left, rows, columns = center_window([stored_height, stored_width],
+                                                 info["eval_crop"])
+        images = tf.image.resize(images[:, top:top + rows, left:left + columns], [height, width])
+    elif (stored_height, stored_width) != (height, width):
         images = tf.image.resize_with_pad(images, height, width)
-    return images / 255.0, tf.cast(features["image/class/label"], tf.int32)
+    return images / 255.0, labels
 
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

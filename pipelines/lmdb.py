@@ -446,11 +446,16 @@ class Pipeline(BasePipeline):
 
     # -- decode --------------------------------------------------------------------------------
 
+    def image_shape(self, info):
+        if info["mode"] != "image":
+            return None
+        height, width = self.image_size or info["image_size"][:2]
+        channels = self.channels if "channels" in self.options else info["image_size"][2]
+        return height, width, channels
+
     def decode(self, features, info):
         if info["mode"] == "image":
-            height, width = self.image_size or info["image_size"][:2]
-            channels = self.channels if "channels" in self.options else info["image_size"][2]
-            return decode_image_batch(features, height, width, channels, info)
+            return decode_image_batch(features, *self.image_shape(info), info)
         from pipelines.tfds import Pipeline as TfdsPipeline
 
         return TfdsPipeline().decode(features, {"mode": "features", "label_key": info["label_key"]})

@@ -195,13 +195,18 @@ class Pipeline(BasePipeline):
         return encoded_image_example(info, data=encoded, probed=probed, label=labels[0],
                                      text=info["class_names"][labels[0]], filename=filename)
 
+    def image_shape(self, info):
+        if info["mode"] != "image":
+            return None
+        height, width, channels = info["image_size"]
+        height, width = self.image_size or (height, width)
+        return height, width, self.channels or channels
+
     def decode(self, features, info):
         import tensorflow as tf
 
         if info["mode"] == "image":
-            height, width, channels = info["image_size"]
-            height, width = self.image_size or (height, width)
-            return decode_image_batch(features, height, width, self.channels or channels, info)
+            return decode_image_batch(features, *self.image_shape(info), info)
         inputs = dict(features)
         label = inputs.pop(info["label_key"], None) if info.get("label_key") else None
         if label is not None and label.dtype == tf.int64:

@@ -24,6 +24,7 @@ from tftrain.config_schema import (  # noqa: F401  (the schema is part of this m
     SERVICE_MODES, STRATEGIES, TASK_LOSSES, TASK_TYPES, Config, DataConfig, ModelConfig,
     RuntimeConfig, TaskConfig, TrainConfig, WholeMapping, all_keys, apply_values,
     check_divisible, profile_steps, to_dict, to_yaml)
+from tftrain.data import augment_options
 from tftrain.errors import ConfigError
 from tftrain.runtime import dtensor_layouts, pipeline_schedule
 from tftrain.yaml_file import MAX_YAML_BYTES, MAX_YAML_NODES, load_yaml, read_yaml  # noqa: F401
@@ -176,6 +177,7 @@ def validate(config: Config) -> None:
                           f"data.source ({config.data.source!r}) is only for converting raw data: "
                           "drop one of them")
     check_task(config)
+    augment_options.check_task(augment_options.parse(config.data.augment), config.task.type)
     for key in ("data.batch_size", "data.shuffle_buffer", "train.epochs", "train.steps_per_epoch",
                 "train.steps", "train.learning_rate", "train.steps_per_execution",
                 "train.grad_accum_steps", "train.lr_decay_epochs", "train.lr_decay_rate"):

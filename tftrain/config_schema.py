@@ -71,6 +71,8 @@ class DataConfig:
     autotune: bool = True
     service_address: str = ""  # host:port of a tf.data service dispatcher: train input runs there
     service_mode: str = "parallel_epochs"  # parallel_epochs | distributed_epoch (tf.data service)
+    # Image augmentation of the training input ({}: none; keys in tftrain/data/augment_options.py)
+    augment: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -391,6 +393,15 @@ KEY_DOCS = {
     "data.service_mode": "tf.data service sharding: `parallel_epochs` (every service worker "
                          "runs the whole pipeline) or `distributed_epoch` (each example once "
                          "per pass).",
+    "data.augment": "Image augmentation of the training input, on the host, resumable exactly "
+                    "(`{}`: none): `random_resized_crop` (`true` or `{scale: [0.08, 1.0], "
+                    "ratio: [0.75, 1.3333], eval_crop: 0.875}`; evaluation, export and predict "
+                    "then center-crop `eval_crop` of the shorter side), `flip` (horizontal), "
+                    "`randaugment` (`{num_layers: 2, magnitude: 10}`, magnitude 0..30), "
+                    "`random_erasing` (a probability), `mixup_alpha` and `cutmix_alpha` "
+                    "(>= 0; soft targets), `switch_prob` (0.5: the chance a mixed batch uses "
+                    "cutmix when both are on), `mix_prob` (1.0: the chance a batch is mixed). "
+                    "Image pipelines only; see the training guide.",
     "task.type": "What is learned from the labels; `auto` follows the dataset's label "
                  "(`dataset.json`'s `info.label_stats`): class ids or names are "
                  "classification, floats regression, token windows language_model.",

@@ -10,17 +10,28 @@ from __future__ import annotations
 
 from absl import logging
 
+from tftrain.data import augment_options
 from tftrain.errors import DataError
 
 
 def load_kwargs(data) -> dict:
     """The keyword arguments of `tftrain.data.load` that read `data` (a `DataConfig`) as the
     config describes it: for a tftrain dataset (its manifest says everything else), only that
-    the config's `data.pipeline` is trusted when the manifest names it."""
+    the config's `data.pipeline` is trusted when the manifest names it. Both carry
+    `data.augment` (training augments; every other read decodes as validation does)."""
     if data.format != "tfrecord":
-        return {"trusted_pipeline": data.pipeline}
+        return {"trusted_pipeline": data.pipeline, "augment": dict(data.augment)}
     return {"pipeline": data.pipeline, "pipeline_options": dict(data.pipeline_options),
-            "info": dict(data.info)}
+            "info": dict(data.info), "augment": dict(data.augment)}
+
+
+def decode_info(data, info: dict) -> dict:
+    """The dataset's `info` (its manifest's) as every decode of `data` (a `DataConfig`) but
+    the training input's receives it, the same as `tftrain.data.load` gives it for
+    evaluation: with `data.augment.random_resized_crop`, the center crop
+    (`augment_options.Augment.decode_info`), so an exported or served model sees what
+    validation saw."""
+    return augment_options.parse(data.augment).decode_info(info)
 
 
 def read_manifest(data) -> dict:

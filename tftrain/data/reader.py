@@ -10,15 +10,17 @@ from absl import logging
 
 from pipelines import dataset_pipeline, images, raw_bytes
 from tftrain.config_schema import CACHE_MODES
-from tftrain.data import dataset_files
+from tftrain.data import augment as augment_lib
+from tftrain.data import augment_options, dataset_files
 from tftrain.data import manifest as manifest_lib
 from tftrain.data import order
-from tftrain.errors import DataError
+from tftrain.errors import ConfigError, DataError
 
 _DTYPES = {"string": tf.string, "int64": tf.int64, "float32": tf.float32}
 RECORDS_PER_READ = 64
 # What `load` does to each batch, in order; `last_stage` stops after one (`tftrain doctor`).
-STAGES = ("read", "parse", "decode")
+# "augment" is `data.augment` (training only; without it the same as "decode").
+STAGES = ("read", "parse", "decode", "augment")
 # The datasets `load` opened in this process: a damaged record met later (in `fit`) is named
 # by TensorFlow only by its offset, so the error message names these.
 OPENED: dict[str, bool] = {}  # data_dir -> has a manifest (`tftrain inspect --verify` applies)
@@ -163,19 +165,20 @@ def features_reached(spec: dict, pipeline, info: dict, part: str = "all") -> set
             if any(t.name in tensors for t in tf.nest.flatten(value, expand_composites=True))}
 
 
-def batch_decoder(schema: dict, pipeline, info: dict, last_stage: str = "decode",
+def batch_decoder(schema: dict, pipeline, info: dict, last_stage: str = "augment",
                   label_key: str | None = None):
     """The function `load` maps over batches of serialized records: `tf.io.parse_example` of the
     features of `schema` that the decoded `(inputs, label)` depend on (`features_reached`: every
     other one, e.g. image/filename, would cost a copy per example for nothing), then
     `pipeline.decode`. `last_stage` (one of STAGES) stops after reading or parsing. Class
     labels (`label_key`'s stored values, else the decoded label) are checked to lie in
-    [0, info's num_classes) first (`checked_labels`)."""
+    [0, info's num_classes) first (`checked_labels`). The function takes an optional second
+    argument, keys added to `info` for this batch's decode (the augment stage's random crop)."""
     reached = features_reached(schema, pipeline, info) if last_stage != "read" else set()
     spec = {name: feature for name, feature in schema.items() if name in reached} or schema
 
     @tf.autograph.experimental.do_not_convert  # plain TF ops; AutoGraph only warns about closures
-    def parse_and_decode(serialized):
+    def parse_and_decode(serialized, extra_info=None):
         if last_stage == "read":
             return serialized
         features = tf.io.parse_example(serialized, spec)
@@ -186,7 +189,7 @@ def batch_decoder(schema: dict, pipeline, info: dict, last_stage: str = "decode"
             features[label_key] = checked_labels(features[label_key], classes)
             classes = None
         inputs, label = pipeline.decode({**unparsed_stand_ins(schema, spec, serialized),
-                                         **features}, info)
+                                         **features}, {**info, **(extra_info or {})})
         return inputs, checked_labels(label, classes)
 
     return parse_and_decode
@@ -249,11 +252,12 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
          seed: int | None = None, pipeline: str | None = None,
          pipeline_options: dict | None = None, info: dict | None = None,
          service_address: str = "", service_mode: str = "parallel_epochs",
-         deterministic: bool | None = None, last_stage: str = "decode",
+         deterministic: bool | None = None, last_stage: str = "augment",
          start_batch: int = 0, autotune: bool = True, trusted_pipeline: str | None = None,
          shard_sets: Sequence[tuple[int, Sequence[str]]] = (),
          worker_slice: WorkerSlice | None = None,
-         label_weights: Sequence[float] | None = None) -> tf.data.Dataset:
+         label_weights: Sequence[float] | None = None,
+         augment: dict | None = None) -> tf.data.Dataset:
     """Returns a batched dataset of `(inputs, label)` read from `data_dir`'s `split`.
 
     `batch_size` is the size of the batches this pipeline yields. Under a strategy, use
@@ -294,10 +298,18 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     tf.data service: with `service_address` (a dispatcher's host:port) the whole pipeline runs
     on the service's workers in `service_mode` (see `tftrain.data.service`). `last_stage` (one
     of STAGES) truncates the pipeline: "read" yields batches of serialized records, "parse"
-    their parsed features, "decode" (the default) `(inputs, label)`.
+    their parsed features, "decode" `(inputs, label)` unaugmented, "augment" (the default) with
+    `augment` applied.
     `worker_slice`: one worker's part of each batch (taken before parsing; a pipeline run's
     workers read the same batches, each trains on its part).
     `label_weights` (one per class id, `train.class_weight`): `(inputs, label, sample_weight)`.
+
+    `augment` (`data.augment`, an image pipeline's only): training batches are augmented
+    (`tftrain.data.augment`, after any cache: `cache=decoded` keeps the unaugmented images),
+    every draw keyed by (`seed`, this input pipeline, the batch's position counting
+    `start_batch`), so a resumed stream equals the uninterrupted one; mixup/cutmix make the
+    label a soft target [batch, num_classes]. Evaluation is never augmented, but with
+    `random_resized_crop` it decodes the center crop (`Augment.decode_info`).
     """
     options = ReadOptions(
         training=training, shuffle_buffer=shuffle_buffer, cache=cache,
@@ -307,33 +319,75 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
         service_address=service_address, service_mode=service_mode)
     options.check()
     source = open_split(data_dir, split, pipeline, pipeline_options, info, trusted_pipeline)
+    augmenting = augment_options.parse(augment)
+    image_shape = _augmentable(source, augmenting)
     shares = [(from_batch, Share.of(part.files, input_context, split), part)
               for from_batch, part in _shard_sets(source, shard_sets, options)]
     for file in {file for _, share, _ in shares for file in share.files}:  # before TF opens them
         dataset_files.check(file, source.directory, source.sizes.get(file))
-    parse_and_decode = batch_decoder(
-        parse_spec(source.manifest.get("features") or source.pipeline.features(source.info)),
-        source.pipeline, source.info, last_stage, source.manifest.get("label_key"))
     if training and options.seed is None:  # a random order (repeatable under TF's global seed)
         options = dataclasses.replace(options, seed=int(tf.random.uniform([], 1, 2**31 - 1,
                                                                           tf.int64)))
+    stage = None
+    if training and augmenting.active and last_stage == "augment":
+        # worker slices of one batch are distinct examples: each draws its own
+        pipeline_id = ((input_context.input_pipeline_id if input_context else 0) * 1024
+                       + (worker_slice.index if worker_slice else 0))
+        stage = augment_lib.Stage(augmenting, options.seed, image_shape,
+                                  _classes_to_mix(source, augmenting), pipeline_id)
+    # Every decode but the augment stage's crops as evaluation does (the stage's random crop
+    # replaces it); the decoded cache of an augmented input keeps whole images to crop from.
+    parse_and_decode = batch_decoder(
+        parse_spec(source.manifest.get("features") or source.pipeline.features(source.info)),
+        source.pipeline, source.info if stage and cache == "decoded"
+        else augmenting.decode_info(source.info), last_stage, source.manifest.get("label_key"))
     examples = _examples(options, shares, parse_and_decode, batch_size)
     dataset = examples.batch(batch_size, drop_remainder=options.drop_remainder)
     dataset = _with_known_size(dataset, options, source, input_context, batch_size)
     dataset = dataset.map(worker_slice.of) if worker_slice else dataset
-    dataset = _decoded(dataset, options, parse_and_decode, label_weights)
+    dataset = _decoded(dataset, options, parse_and_decode, label_weights, stage)
     return _finished(dataset, options, input_context)
 
 
+def _augmentable(source: Source, augmenting: augment_options.Augment) -> tuple | None:
+    """The pipeline's (height, width, channels) when `data.augment` asks for anything; a
+    ConfigError when its pipeline does not decode images."""
+    if not augmenting.active:
+        return None
+    shape = source.pipeline.image_shape(source.info)
+    if shape is None:
+        raise ConfigError(f"data.augment transforms images, and pipeline "
+                          f"{source.pipeline.name!r} does not decode images "
+                          "(pipelines.images.decode_image_batch): remove data.augment")
+    return tuple(shape)
+
+
+def _classes_to_mix(source: Source, augmenting: augment_options.Augment) -> int | None:
+    """The number of classes mixup/cutmix make soft targets over (None: no mixing)."""
+    if not augmenting.mixes:
+        return None
+    count = source.info.get("num_classes")
+    if not isinstance(count, int) or count < 1:
+        raise DataError("data.augment's mixup/cutmix need the number of classes, and the "
+                        "dataset names none: convert the label as classes, or give "
+                        "data.info={num_classes: K} for other tools' TFRecords")
+    return count
+
+
 def _decoded(dataset: tf.data.Dataset, options: ReadOptions, parse_and_decode,
-             label_weights: Sequence[float] | None) -> tf.data.Dataset:
+             label_weights: Sequence[float] | None,
+             stage: augment_lib.Stage | None = None) -> tf.data.Dataset:
     """Batches of records parsed and decoded (`cache=decoded` did it before batching), each
     example given its label's entry of `label_weights` as its sample weight when they are given
-    and the batches are decoded."""
+    and the batches are decoded; augmented by `stage` when given."""
+    if stage is not None:
+        return stage.apply(dataset, options.start_batch,
+                           None if options.cache == "decoded" else parse_and_decode,
+                           label_weights, options.deterministic)
     if options.cache != "decoded":
         dataset = dataset.map(parse_and_decode, num_parallel_calls=tf.data.AUTOTUNE,
                               deterministic=options.deterministic)
-    if label_weights is not None and options.last_stage == "decode":
+    if label_weights is not None and options.last_stage in ("decode", "augment"):
         dataset = dataset.map(weighted_by_label(label_weights))
     return dataset
 
@@ -341,13 +395,9 @@ def _decoded(dataset: tf.data.Dataset, options: ReadOptions, parse_and_decode,
 def weighted_by_label(label_weights: Sequence[float]):
     """The map from a batch `(inputs, label)` to `(inputs, label, sample_weight)`: each
     example's weight is `label_weights[its label]` (a scalar integer label per example)."""
-    table = tf.constant(list(label_weights), tf.float32)
-
     @tf.autograph.experimental.do_not_convert  # plain TF ops
     def weighted(inputs, label):
-        weight = tf.reshape(tf.gather(table, tf.cast(label, tf.int32)), tf.shape(label)[:1])
-        weight.set_shape(label.shape[:1])
-        return inputs, label, weight
+        return inputs, label, augment_lib.label_weights_of(label_weights, label)
 
     return weighted
 
@@ -384,7 +434,7 @@ class ReadOptions:
     repeat: bool = False
     seed: int | None = None
     deterministic: bool = True
-    last_stage: str = "decode"
+    last_stage: str = "augment"
     start_batch: int = 0
     autotune: bool = True
     service_address: str = ""

@@ -192,7 +192,7 @@ def example_signatures(infer, data, manifest: dict) -> tuple[dict, list]:
     module docstring), traced, calling `infer` (the model's `inference_function`); and the
     pipeline's resources (lookup tables, tokenizer layers) they capture."""
     source = foreign.load_kwargs(data)  # the pipeline, options, info and schema of reader.load
-    info = manifest.get("info", {})
+    info = foreign.decode_info(data, manifest.get("info", {}))
     pipeline = dataset_pipeline(manifest["pipeline"], source.get("pipeline"),
                                 source.get("trusted_pipeline"), **source.get("pipeline_options", {}))
     if manifest.get("assets"):  # a tokenizer model: the raw-text signature tokenizes with it

@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from pipelines import dataset_pipeline
-from tftrain.data import reader
+from tftrain.data import foreign, reader
 from tftrain.data import manifest as manifest_lib
 from tftrain.data.progress import Progress
 from tftrain.engine import export, run_config
@@ -192,6 +192,7 @@ def read_run(run: str, pipeline_options: dict | None = None):
     config = run_config.read(run)
     data = run_config.RunData(config.data)
     manifest, source = data.manifest(), data.load_kwargs()
+    manifest = {**manifest, "info": foreign.decode_info(config.data, manifest.get("info", {}))}
     pipeline = dataset_pipeline(manifest["pipeline"], source.get("pipeline"),
                                 source.get("trusted_pipeline"),
                                 **{**source.get("pipeline_options", {}),

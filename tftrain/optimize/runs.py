@@ -475,8 +475,8 @@ def _quantize(saved: str, model, mode: str, config: config_lib.Config, task,
         return quantize.convert(trained, mode, int8_io=options.int8_io_for(mode)), extra
     calibration, extra = None, {}
     if mode == "int8":
-        calibration = run_config.RunData(config.data).load(
-            config.data.train_split, training=True, seed=config.train.seed)
+        calibration = run_config.RunData(config.data).load(  # decoded as validation: no augment
+            config.data.train_split, training=True, seed=config.train.seed, last_stage="decode")
         extra = {"num_calibration_examples": options.num_calibration_examples}
     content = quantize.convert_saved_model(
         saved, mode, representative_data=calibration,

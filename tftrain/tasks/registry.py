@@ -21,6 +21,7 @@ import dataclasses
 from absl import logging
 
 from tftrain import models
+from tftrain.data import augment_options
 from tftrain.errors import ConfigError, DataError
 from tftrain.tasks import class_weights
 from tftrain.tasks.classification import ClassificationTask
@@ -93,6 +94,10 @@ def from_config(config, manifest: dict, *, training: bool = True):
     if weighted != "none" and (task_type != "classification" or kind == "tokens"):
         class_weights.refuse("language_model" if kind == "tokens" else task_type,
                              " (from the dataset's label)" if config.task.type == "auto" else "")
+    augment_options.check_task(
+        augment_options.parse(config.data.augment),
+        "language_model" if kind == "tokens" else task_type,
+        " (from the dataset's label)" if config.task.type == "auto" else "")
     if task_type == "language_model" or kind == "tokens":
         return language_model_task(task_type, config, manifest)
     if task_type == "regression":
