@@ -100,16 +100,20 @@ def input_pipelines(files: list[str]) -> dict:
         return input_reader.InputReader(params, decoder_fn=decoder.decode,
                                         parser_fn=parser.parse_fn(True)).read()
 
-    def tftrain(**augment):
+    def tftrain(augment: dict, autotune: bool = True):
         pattern = os.path.join(os.path.dirname(files[0]), "{split}-*")
         return lambda: load(pattern, "train", INPUT_BATCH, training=True, seed=0, repeat=True,
                             pipeline="image_folder", pipeline_options={"image_size": INPUT_SIZE},
-                            info={"num_classes": NUM_CLASSES}, augment=augment)
+                            info={"num_classes": NUM_CLASSES}, augment=augment,
+                            autotune=autotune)
 
     return {"Model Garden `Parser` (crop + flip), its `InputReader`": model_garden,
             "`tftrain.data.load`, `augment={random_resized_crop: true, flip: true}`":
-                tftrain(**CROP_FLIP),
-            "`tftrain.data.load`, no augmentation (whole image resized)": tftrain()}
+                tftrain(CROP_FLIP),
+            "the same, `data.autotune=false`": tftrain(CROP_FLIP, autotune=False),
+            "`tftrain.data.load`, crop only (`augment={random_resized_crop: true}`)":
+                tftrain({"random_resized_crop": True}),
+            "`tftrain.data.load`, no augmentation (whole image resized)": tftrain({})}
 
 
 def input_child(args: dict) -> None:
@@ -122,14 +126,15 @@ def input_child(args: dict) -> None:
     rates: dict[str, list] = {row: [] for row in made}
     for round_index in range(args["rounds"]):
         for row, make in made.items():
-            rate, cpu, first = examples_per_second(make, args["images"], args["images"] // 4)
+            rate, cpu, _ = examples_per_second(make, args["images"] * args["passes"],
+                                               args["images"] // 2)
             rates[row].append([rate, cpu])
             print(f"  round {round_index + 1}: {row} {rate:,.1f} images/s, "
                   f"{cpu * 1e3:.1f} CPU ms/image", file=sys.stderr, flush=True)
     print("RESULT " + json.dumps(rates))
 
 
-def input_part(work: str, images: int, rounds: int) -> str:
+def input_part(work: str, images: int, rounds: int, passes: int) -> str:
     """The input table (Model Garden's parser against tftrain's augmented reader)."""
     from bench.convert import MODEL_GARDEN, model_garden_python
 
@@ -137,7 +142,7 @@ def input_part(work: str, images: int, rounds: int) -> str:
     python = model_garden_python(work)
     done = subprocess.run(
         [python, os.path.abspath(__file__), "--input_child",
-         json.dumps({"files": files, "images": images, "rounds": rounds})],
+         json.dumps({"files": files, "images": images, "rounds": rounds, "passes": passes})],
         env=dict(os.environ, PYTHONPATH=REPO, TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True,
         text=True)
     if done.returncode:
@@ -190,14 +195,15 @@ def build_config(data_dir: str, setting: str, steps: int, seed: int):
         part for part in (overrides, SETTINGS[setting]) if part))
 
 
-def recipes_part(data_dir: str, seeds: int, steps: int) -> str:
-    """The recipes table: each setting's test accuracy and loss over the seeds."""
+def recipes_part(data_dir: str, seeds: int, steps: int, settings: list[str]) -> str:
+    """The recipes table: each of `settings`' (with plain first) test accuracy and loss over
+    the seeds."""
     from tftrain.engine import train
 
-    evals: dict[str, list] = {setting: [] for setting in SETTINGS}
+    evals: dict[str, list] = {setting: [] for setting in ["plain", *settings]}
     with tempfile.TemporaryDirectory() as runs:
         for seed in range(seeds):
-            for index, setting in enumerate(SETTINGS):
+            for index, setting in enumerate(evals):
                 result = train.train(build_config(data_dir, setting, steps, seed),
                                      os.path.join(runs, f"{index}-{seed}"))["eval"]
                 evals[setting].append(result)
@@ -217,7 +223,7 @@ def recipes_part(data_dir: str, seeds: int, steps: int) -> str:
                         "(paired)"], rows, ["l", "r", "r", "r"])])
 
 
-def cost_part(data_dir: str, steps: int) -> str:
+def cost_part(data_dir: str, steps: int, settings: list[str]) -> str:
     """The cost table: the training input's examples/s per setting against the model's step."""
     from tftrain import doctor
     from tftrain.doctor import measure
@@ -226,7 +232,7 @@ def cost_part(data_dir: str, steps: int) -> str:
                              steps=100)["examples_per_second"]["model_alone"]
     rates: dict[str, float] = {}
     for _ in range(2):  # interleaved rounds; the best counts (the machine may be shared)
-        for setting in SETTINGS:
+        for setting in ["plain", *settings]:
             if setting.startswith("label_smoothing"):
                 continue  # the loss only: nothing in the input
             config = build_config(data_dir, setting, steps, 0)
@@ -249,12 +255,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--images", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--passes", type=int, default=10, help="input: passes timed per round")
     parser.add_argument("--workdir", default="/tmp/tftrain-bench/recipes")
+    parser.add_argument("--settings", default="",
+                        help="recipes and cost: the rows (numbers in the order below) besides "
+                             "plain; default all: " + ", ".join(
+                                 f"{i}={name}" for i, name in enumerate(SETTINGS) if i))
     parser.add_argument("--input_child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.input_child:
         input_child(json.loads(args.input_child))
         return
+    names = list(SETTINGS)
+    settings = ([names[int(i)] for i in args.settings.split(",")] if args.settings
+                else names[1:])
     parts = args.parts.split(",")
     if set(parts) - set(PARTS):
         parser.error(f"--parts={args.parts}: a comma-separated subset of {','.join(PARTS)}")
@@ -263,13 +277,13 @@ def main() -> None:
     print(f"CPU: {cpu_name()}, {os.cpu_count()} cores", flush=True)
     tables = []
     if "input" in parts:
-        tables.append(input_part(work, args.images, args.rounds))
+        tables.append(input_part(work, args.images, args.rounds, args.passes))
     if "recipes" in parts or "cost" in parts:
         data_dir = photo_dataset(work)
         if "recipes" in parts:
-            tables.append(recipes_part(data_dir, args.seeds, args.steps))
+            tables.append(recipes_part(data_dir, args.seeds, args.steps, settings))
         if "cost" in parts:
-            tables.append(cost_part(data_dir, args.steps))
+            tables.append(cost_part(data_dir, args.steps, settings))
     load_average = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\nload average {load_average}\n")
     print("\n\n".join(tables))
