@@ -167,3 +167,30 @@ def test_what_holds_a_cpu_runs_precision_down_follows_its_16_bit_units(monkeypat
                    "mixed_bfloat16")
     assert "XLA" in xla and "jit_compile=auto" in xla
     assert holds([], "float32", "GPU")[0].startswith("precision: float32")
+
+
+def test_the_augment_stage_is_timed_and_named_when_it_is_the_costliest(digits_dir):
+    """With data.augment the augment stage is timed as a stage of its own (the pipeline that
+    stops after the decode, then the whole one); the advice for a costliest augment stage
+    names it."""
+    import dataclasses
+    import types
+
+    from tftrain.data import manifest as manifest_lib
+    from tftrain.doctor import stages as stages_lib
+
+    config = _config(f"data.dir={digits_dir},data.batch_size=32,"
+                     "data.augment={random_resized_crop: true, flip: true}")
+    stages = stages_lib.measure_stages(types.SimpleNamespace(device_type="CPU"), config, 5)
+    assert [stage.name for stage in stages] == ["read", "parse", "decode", "augment", "transfer"]
+    (augment,) = [stage for stage in stages if stage.name == "augment"]
+    assert augment.rate > 0 and augment.seconds_per_example >= 0 and not augment.note
+    plain = stages_lib.measure_stages(types.SimpleNamespace(device_type="CPU"),
+                                      _config(f"data.dir={digits_dir},data.batch_size=32"), 5)
+    assert plain[3].rate is None and plain[3].note == stages_lib.NO_AUGMENTATION
+    costliest = [dataclasses.replace(stage, seconds_per_example=1.0) if stage.name == "augment"
+                 else stage for stage in stages]
+    manifest = manifest_lib.typed(manifest_lib.read(digits_dir))
+    changes = [s.change for s in advice.input_text(config, manifest, costliest)]
+    assert changes[0] == "a lighter data.augment", changes
+    assert advice.input_text(config, manifest, costliest)[0].why.startswith("augment is ")

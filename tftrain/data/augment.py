@@ -20,6 +20,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from pipelines import images as image_lib
+from tftrain.data import mixing
 from tftrain.data.augment_options import Augment
 
 # The draws of a batch, one seed each (`batch_seeds`); their order is part of the stream.
@@ -123,8 +124,6 @@ class Stage:
 
     def mix(self, images, labels, weights, seed):
         """Mixup/cutmix of the batch (`mixing.mix_batch`): soft targets [batch, classes]."""
-        from tftrain.data import mixing
-
         options = self.options
         return mixing.mix_batch(
             images, tf.reshape(labels, [-1]), seed, num_classes=self.num_classes,

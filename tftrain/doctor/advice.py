@@ -152,7 +152,12 @@ def input_text(config, manifest, stages: list[stages_lib.Stage]) -> list[Suggest
         text.append(Suggestion(
             "image_encoding=raw (when converting)",
             f"{part}: images stored as raw pixels are not decoded at all"))
-    if worst.name in ("parse", "decode", "read"):
+    if worst.name == "augment":
+        text.append(Suggestion(
+            "a lighter data.augment",
+            f"{part}: randaugment (fewer num_layers) and random_erasing run image by image; "
+            "the crop, flip and mixing are cheap"))
+    if worst.name in ("parse", "decode", "read", "augment"):
         where = ("more workers for the tf.data service at data.service_address"
                  if config.data.service_address else "data.service_address=HOST:PORT")
         text.append(Suggestion(where, f"{part}: a tf.data service runs the input on other "

@@ -1,12 +1,12 @@
 """What each stage of the input pipeline costs, from truncated copies of the training input.
 
-The reader's stages (`reader.STAGES`: read, parse, decode) are timed as host pipelines that stop
-after each one, then, when the replicas are accelerators, the whole distributed input (what the
+The reader's stages (`reader.STAGES`: read, parse, decode, augment) are timed as host pipelines
+that stop after each one, then, when the replicas are accelerators, the whole distributed input (what the
 strategy adds: per-replica batches copied to the devices; replicas on this host's CPU have no
 copy to time). A stage's cost is the time per example it adds to the pipeline that stops before
 it. Stages are timed without `data.cache` (what a pass that runs them costs) and without a
-tf.data service (they run here). tftrain's reader has no augmentation stage; its row says so
-rather than being left out.
+tf.data service (they run here). Without `data.augment` the augment stage does nothing: its row
+says so rather than being timed.
 """
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ DESCRIPTIONS = {
     "read": "read records (interleaved files, shuffle, batch)",
     "parse": "parse (tf.io.parse_example)",
     "decode": "decode (the pipeline's decode)",
-    AUGMENT: "augment",
+    AUGMENT: "augment (data.augment: crop, flip, RandAugment, erasing, mixing)",
     TRANSFER: "distribute (per-replica batches to the devices)",
 }
-NO_AUGMENTATION = "none: tftrain's reader has no augmentation stage"
+NO_AUGMENTATION = "none: data.augment is empty"
 NO_TRANSFER = "none: the replicas are this host's CPU"
 
 
@@ -47,14 +47,16 @@ def measure_stages(backend, config, steps: int) -> list[Stage]:
     """The stages of the configured training input, in pipeline order."""
     uncached = {"cache": "none", "service_address": ""}
     examples = measure.examples_per_step(config)
+    timed = [name for name in reader.STAGES if name != AUGMENT or config.data.augment]
     rates = {name: measure.input_rate(measure.host_input(config, last_stage=name, **uncached),
                                       steps, examples)
-             for name in reader.STAGES}
+             for name in timed}
     stages, before = [], 0.0
-    for name in reader.STAGES:
+    for name in timed:
         stages.append(Stage(name, rates[name], max(0.0, 1 / rates[name] - before)))
         before = max(before, 1 / rates[name])
-    stages.append(Stage(AUGMENT, None, None, NO_AUGMENTATION))
+    if AUGMENT not in timed:
+        stages.append(Stage(AUGMENT, None, None, NO_AUGMENTATION))
     if backend.device_type == "CPU":
         return stages + [Stage(TRANSFER, None, None, NO_TRANSFER)]
     rate = measure.input_rate(backend.training_data(config, **uncached), steps, examples)
