@@ -74,7 +74,7 @@ def test_every_run_writes_curves_png_of_each_epoch(runs):
     for key in ("loss", "accuracy", "val_loss", "val_accuracy", "learning_rate"):
         assert all(np.isfinite(e[key]) for e in history), key
     plots = curves.panels(history)
-    assert [p.title for p in plots] == ["loss", "accuracy", "learning rate"]
+    assert [p.title for p in plots] == ["loss", "accuracy", "top5_accuracy", "learning rate"]
     assert [line.label for line in plots[0].lines] == ["train", "validation"]
     check_png(_read_png(os.path.join(run, run_dir.CURVES_PNG)), plots, "cnn3")
     # the last epoch's validation metrics are the summary's
@@ -187,9 +187,34 @@ def test_report_compares_runs_in_a_table_and_a_png(runs, tmp_path, capsys):
     assert str(output) in printed
     loaded = [report.load_run(path) for path in (cnn, mlp, str(unfinished))]
     plots = report.validation_panels(loaded)
-    assert [p.title for p in plots] == ["validation loss", "validation accuracy"]
+    assert [p.title for p in plots] == ["validation loss", "validation accuracy",
+                                        "validation top5_accuracy"]
     assert [line.label for line in plots[0].lines] == ["cnn3", "mlp2", "unfinished"]
     check_png(_read_png(output), plots)
+
+
+def test_report_has_a_top5_column_with_a_dash_for_runs_without_it(runs, tmp_path, capsys):
+    cnn, _ = runs
+    earlier = tmp_path / "earlier"  # a 10-class run of a tftrain without top-5 accuracy
+    earlier.mkdir()
+    for name in ("params.yaml", run_dir.CURVES_JSON, "summary.json"):
+        shutil.copy(os.path.join(cnn, name), earlier)
+    summary = json.loads((earlier / "summary.json").read_text())
+    for section in ("eval", "validation"):
+        del summary[section]["top5_accuracy"]
+    (earlier / "summary.json").write_text(json.dumps(summary))
+    assert run_cli("report", cnn, str(earlier), f"--output={tmp_path / 'r.png'}") == 0
+    header, _, *rows = [line for line in capsys.readouterr().out.splitlines()
+                        if line.startswith("|")]
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    cells = {row.split("|")[1].strip(): [c.strip() for c in row.strip("|").split("|")]
+             for row in rows}
+    with open(os.path.join(cnn, "summary.json")) as f:
+        top5 = json.load(f)["eval"]["top5_accuracy"]
+    assert cells["cnn3"][columns.index("test top5_accuracy")] == f"{top5:.4f}"
+    assert cells["earlier"][columns.index("test top5_accuracy")] == "-"
+    assert cells["earlier"][columns.index("val top5_accuracy")] == "-"
+    assert cells["earlier"][columns.index("test accuracy")] != "-"
 
 
 def test_report_bad_input_is_one_line(tmp_path, digits_dir, capsys):

@@ -76,7 +76,8 @@ def test_a_label_outside_the_classes_is_one_line(label, digits_copy, tmp_path, c
     rewritten(digits_copy, "train", 3, with_label(label))
     code, err = train_error(cli, capsys, digits_copy, tmp_path / "run")
     assert code == 1
-    assert err == [f"tftrain train: error: a label of {label} in {digits_copy} is outside the "
+    assert err == [f"tftrain train: error: a label of {label} in split 'train' of {digits_copy} "
+                   "is outside the "
                    "model's 10 classes [0, 10): `tftrain inspect "
                    f"--data={digits_copy} --verify` lists the records that hold it; fix or drop "
                    "them and convert again (labels are class indices from 0)"], err

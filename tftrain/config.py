@@ -17,7 +17,7 @@ import yaml
 
 import tftrain
 from tftrain import models, tasks
-from tftrain.tasks import class_weights
+from tftrain.tasks import class_weights, soft_targets
 from tftrain.config_schema import (  # noqa: F401  (the schema is part of this module's API)
     ASYNC_BACKUP, CACHE_MODES, CHOICES, CLASS_WEIGHTS, CLUSTERS, DATA_FORMATS, JIT_COMPILE,
     LR_SCHEDULES, MONITORS, ON_NAN, OPTIMIZERS, PARAMS, PIPELINE_SCHEDULES, PRECISIONS,
@@ -293,6 +293,8 @@ def check_task(config: Config) -> None:
     if task.type != "auto":
         tasks.TASKS[task.type].check_monitor(config.train.monitor)
     class_weights.check_setting(config.train.class_weight, task.type)
+    soft_targets.check_setting(task.label_smoothing, task.type)
+
 
 def from_yaml_file(path: str) -> Config:
     """Reads a resolved config (e.g. a run's params.yaml) strictly, and validates it."""

@@ -82,6 +82,7 @@ class TaskConfig:
     type: str = "auto"  # auto | classification | regression | language_model
     # auto | crossentropy (classification, language_model) | mse | mae | huber (regression)
     loss: str = "auto"
+    label_smoothing: float = 0.0  # in [0, 1): targets y * (1 - eps) + eps / K, in the loss only
 
 
 @dataclasses.dataclass
@@ -407,6 +408,9 @@ KEY_DOCS = {
                  "classification, floats regression, token windows language_model.",
     "task.loss": "`auto` is the task's default: `crossentropy` (classification, "
                  "language_model), `mse` (regression; also `mae`, `huber`).",
+    "task.label_smoothing": "In [0, 1) (0: off): classification and language models train on "
+                            "the targets `y * (1 - eps) + eps / K` over their K classes (tokens); "
+                            "the loss only (Keras's logged loss too), never the accuracy.",
     "model.name": "`auto` (the model that fits the dataset: images `cnn`, tabular features "
                   "`mlp`, token windows for language modeling `transformer_lm`, other token "
                   "sequences `transformer`; model.params it does not take are left out, in the "

@@ -68,6 +68,8 @@ def damaged_record_message(error: BaseException) -> str | None:
 # the loss's words, or `checked_labels`' ("[Received a label value of] [999] [which is ...")
 _LABEL_OUT_OF_RANGE = re.compile(r"Received a label value of\]? \[?(-?\d+)\]? \[?which is "
                                  r"outside the valid range of \[0, (\d+)\)")
+_SPLIT_WORD = "in the split "  # `checked_labels`' last words, before the split's name
+_LABEL_SPLIT = re.compile(r"\[" + _SPLIT_WORD + r"([^\]]+)\]")
 _INDEX_OUT_OF_RANGE = re.compile(r"indices\[[\d,]+\] = (-?\d+) is not in \[0, (\d+)\)")
 _UNPARSABLE = re.compile(r"Could not parse example input|Data types don't match|"
                          r"Can't parse serialized Example|Feature: \S+ \(data type: \w+\) is required")
@@ -100,7 +102,14 @@ def content_error_message(error: BaseException) -> str | None:
     label = _LABEL_OUT_OF_RANGE.search(text)
     if label:
         value, classes = label.groups()
-        return (f"a label of {value} in {where} is outside the model's {classes} classes "
+        split = _LABEL_SPLIT.search(text)
+        within = f"split {split.group(1)!r} of {where}" if split else where
+        if not all(OPENED.values()):  # other tools' TFRecords: data.info says the classes
+            return (f"a label of {value} in {within} is outside the {classes} classes [0, "
+                    f"{classes}) that data.info={{num_classes: {classes}}} declares: set "
+                    "data.info.num_classes above the largest label (ImageNet's 1-based labels "
+                    "go to 1000: set data.info={num_classes: 1001}), or fix the records")
+        return (f"a label of {value} in {within} is outside the model's {classes} classes "
                 f"[0, {classes}): {find}; fix or drop them and convert again (labels are "
                 "class indices from 0)")
     index = _INDEX_OUT_OF_RANGE.search(text)
@@ -166,14 +175,15 @@ def features_reached(spec: dict, pipeline, info: dict, part: str = "all") -> set
 
 
 def batch_decoder(schema: dict, pipeline, info: dict, last_stage: str = "augment",
-                  label_key: str | None = None):
+                  label_key: str | None = None, split: str = ""):
     """The function `load` maps over batches of serialized records: `tf.io.parse_example` of the
     features of `schema` that the decoded `(inputs, label)` depend on (`features_reached`: every
     other one, e.g. image/filename, would cost a copy per example for nothing), then
     `pipeline.decode`. `last_stage` (one of STAGES) stops after reading or parsing. Class
     labels (`label_key`'s stored values, else the decoded label) are checked to lie in
-    [0, info's num_classes) first (`checked_labels`). The function takes an optional second
-    argument, keys added to `info` for this batch's decode (the augment stage's random crop)."""
+    [0, info's num_classes) first (`checked_labels`; `split` names the split in its error).
+    The function takes an optional second argument, keys added to `info` for this batch's
+    decode (the augment stage's random crop)."""
     reached = features_reached(schema, pipeline, info) if last_stage != "read" else set()
     spec = {name: feature for name, feature in schema.items() if name in reached} or schema
 
@@ -186,20 +196,21 @@ def batch_decoder(schema: dict, pipeline, info: dict, last_stage: str = "augment
             return features
         classes = info.get("num_classes")
         if label_key in features:  # the stored values, before a decode narrows their type
-            features[label_key] = checked_labels(features[label_key], classes)
+            features[label_key] = checked_labels(features[label_key], classes, split)
             classes = None
         inputs, label = pipeline.decode({**unparsed_stand_ins(schema, spec, serialized),
                                          **features}, {**info, **(extra_info or {})})
-        return inputs, checked_labels(label, classes)
+        return inputs, checked_labels(label, classes, split)
 
     return parse_and_decode
 
 
-def checked_labels(label, classes):
+def checked_labels(label, classes, split: str = ""):
     """`label`, read only after every class label in it was checked to lie in [0, `classes`):
     an evaluation or a quantized model's measurement, which computes no loss, would otherwise
-    count a damaged label as a wrong answer. Fails the read with TensorFlow's own words for it
-    (`content_error_message` makes the line); other labels pass unchecked."""
+    count a damaged label as a wrong answer. Fails the read with TensorFlow's own words for it,
+    and the name of the `split` read (`content_error_message` makes the line); other labels
+    pass unchecked."""
     if (not isinstance(classes, int) or classes < 1 or not isinstance(label, tf.Tensor)
             or not label.dtype.is_integer):
         return label
@@ -207,7 +218,7 @@ def checked_labels(label, classes):
     check = tf.debugging.Assert(
         tf.logical_not(tf.reduce_any(outside)),
         ["Received a label value of", tf.boolean_mask(label, outside)[:1],
-         f"which is outside the valid range of [0, {classes})"])
+         f"which is outside the valid range of [0, {classes})", f"{_SPLIT_WORD}{split}"])
     with tf.control_dependencies([check]):
         return tf.identity(label)
 
@@ -340,7 +351,8 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     parse_and_decode = batch_decoder(
         parse_spec(source.manifest.get("features") or source.pipeline.features(source.info)),
         source.pipeline, source.info if stage and cache == "decoded"
-        else augmenting.decode_info(source.info), last_stage, source.manifest.get("label_key"))
+        else augmenting.decode_info(source.info), last_stage, source.manifest.get("label_key"),
+        split)
     examples = _examples(options, shares, parse_and_decode, batch_size)
     dataset = examples.batch(batch_size, drop_remainder=options.drop_remainder)
     dataset = _with_known_size(dataset, options, source, input_context, batch_size)

@@ -2,10 +2,11 @@
 
 The dataset is windows of token ids (`pipelines.text`): the inputs are a window's first
 `sequence_length` tokens, the labels the same window shifted by one, so each position's label is
-the token after it. The loss is the mean sparse categorical cross-entropy over every position
-(from logits); `perplexity` is its exponential over the whole evaluation split (a streaming
-Keras metric, `perplexity_metric`), and `accuracy` the fraction of positions whose most likely
-next token is the right one (next-token accuracy). Prune and quantize gate on the relative
+the token after it. The loss is the mean categorical cross-entropy over every position (from
+logits; `task.label_smoothing` smooths the targets over the vocabulary, in the loss only);
+`perplexity` is the exponential of the unsmoothed cross-entropy over the whole evaluation split
+(a streaming Keras metric, `perplexity_metric`), and `accuracy` the fraction of positions whose
+most likely next token is the right one (next-token accuracy). Prune and quantize gate on the relative
 perplexity increase (`--max_metric_change`, 0.05: 5% higher).
 
 `bits_per_byte` (`bits_per_byte_metric`) is the split's summed cross-entropy in bits divided by
@@ -20,6 +21,7 @@ import math
 
 import numpy as np
 
+from tftrain.tasks import soft_targets
 from tftrain.tasks.base import Task
 
 _METRIC_CLASSES: dict = {}  # the Keras metric classes by name, defined (registered) on first use
@@ -103,25 +105,30 @@ def bits_per_byte_metric(token_bytes, name: str = "bits_per_byte"):
     return metric_classes()["bits_per_byte"](token_bytes, name=name)
 
 
-def next_token_metrics(logits, labels, token_bytes=None) -> dict[str, float]:
-    """Cross-entropy (`loss`), `perplexity` and next-token `accuracy` of `logits`
-    [..., vocab] against token ids `labels` [...], over every position, in float64; with
-    `token_bytes` (the UTF-8 bytes of each id) also `bits_per_byte`."""
+def next_token_metrics(logits, labels, token_bytes=None,
+                       label_smoothing: float = 0.0) -> dict[str, float]:
+    """Cross-entropy (`loss`, its targets smoothed by `label_smoothing` as in training),
+    `perplexity` (never smoothed) and next-token `accuracy` of `logits` [..., vocab] against
+    token ids `labels` [...], over every position, in float64; with `token_bytes` (the UTF-8
+    bytes of each id) also `bits_per_byte`."""
     logits = np.asarray(logits)
     labels = np.asarray(labels).reshape(-1).astype(np.int64)
     if not labels.size:
         raise ValueError("no outputs to evaluate: the evaluation dataset is empty")
     logits = logits.reshape(len(labels), -1)
-    total, correct = 0.0, 0
+    total, uniform, correct = 0.0, 0.0, 0
     for start in range(0, len(labels), 65536):  # bounded float64 copies
         chunk = logits[start:start + 65536].astype(np.float64)
         truth = labels[start:start + 65536]
         shifted = chunk - chunk.max(axis=1, keepdims=True)
         log_norm = np.log(np.exp(shifted).sum(axis=1))
         total += float((log_norm - shifted[np.arange(len(truth)), truth]).sum())
+        if label_smoothing:  # the cross-entropy against the uniform target, eps's share
+            uniform += float((log_norm - shifted.mean(axis=1)).sum())
         correct += int((chunk.argmax(axis=1) == truth).sum())
     loss = total / len(labels)
-    result = {"loss": loss, "perplexity": math.exp(loss)}
+    result = {"loss": (1 - label_smoothing) * loss + label_smoothing * uniform / len(labels),
+              "perplexity": math.exp(loss)}
     if token_bytes is not None:
         size = float(np.asarray(token_bytes, np.float64)[labels].sum())
         result["bits_per_byte"] = total / math.log(2.0) / size if size > 0 else math.nan
@@ -140,8 +147,10 @@ class LanguageModelTask(Task):
     change_name = "metric_change"
     gate_flag = "--max_metric_change"
 
-    def __init__(self, info: dict, loss: str = "auto", vocab_size: int = 0):
+    def __init__(self, info: dict, loss: str = "auto", vocab_size: int = 0,
+                 label_smoothing: float = 0.0):
         super().__init__(info, loss)
+        self.label_smoothing = label_smoothing  # over the vocabulary, in the loss only
         self.vocab_size = int(vocab_size or info.get("vocab_size") or 0)
         # The UTF-8 bytes of each token id (the manifest's), or None: no bits_per_byte.
         self.token_bytes = info.get("token_bytes") or None
@@ -153,9 +162,9 @@ class LanguageModelTask(Task):
         return OutputSpec(size=self.vocab_size, kind="logits")
 
     def loss(self, model=None):
-        import tf_keras as keras
-
-        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        """Cross-entropy of the logits against the next token ids (`soft_targets`: sparse,
+        one-hot over the vocabulary only to smooth it)."""
+        return soft_targets.keras_classes()["loss"](label_smoothing=self.label_smoothing)
 
     def metrics(self) -> list:
         import tf_keras as keras
@@ -166,4 +175,4 @@ class LanguageModelTask(Task):
         return metrics
 
     def evaluate(self, outputs, labels) -> dict[str, float]:
-        return next_token_metrics(outputs, labels, self.token_bytes)
+        return next_token_metrics(outputs, labels, self.token_bytes, self.label_smoothing)

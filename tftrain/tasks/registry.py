@@ -23,7 +23,7 @@ from absl import logging
 from tftrain import models
 from tftrain.data import augment_options
 from tftrain.errors import ConfigError, DataError
-from tftrain.tasks import class_weights
+from tftrain.tasks import class_weights, soft_targets
 from tftrain.tasks.classification import ClassificationTask
 from tftrain.tasks.language_model import LanguageModelTask
 from tftrain.tasks.regression import RegressionTask
@@ -101,6 +101,9 @@ def from_config(config, manifest: dict, *, training: bool = True):
     if task_type == "language_model" or kind == "tokens":
         return language_model_task(task_type, config, manifest)
     if task_type == "regression":
+        soft_targets.check_setting(config.task.label_smoothing, task_type,
+                                   " (from the dataset's label)" if config.task.type == "auto"
+                                   else "")
         if kind in ("categorical", None) or info.get("class_names"):
             raise DataError(
                 f"task.type=regression needs a numeric label, but {_where(manifest, config.data)} "
@@ -117,7 +120,8 @@ def from_config(config, manifest: dict, *, training: bool = True):
             "`:categorical`).")
     count = num_classes(manifest, config.data) if training else info.get("num_classes", 0)
     weights = class_weights.weights(weighted, manifest, config.data) if training else None
-    return ClassificationTask(info, config.task.loss, count, class_weights=weights)
+    return ClassificationTask(info, config.task.loss, count, class_weights=weights,
+                              label_smoothing=config.task.label_smoothing)
 
 
 def language_model_task(task_type: str, config, manifest: dict) -> LanguageModelTask:
@@ -137,7 +141,8 @@ def language_model_task(task_type: str, config, manifest: dict) -> LanguageModel
         raise ConfigError(f"train.monitor={config.train.monitor} needs the bytes of each token, "
                           f"which {where} does not record (converted before bits per byte "
                           "existed): convert it again, or monitor val_loss.")
-    return LanguageModelTask(info, config.task.loss, int(info["vocab_size"]))
+    return LanguageModelTask(info, config.task.loss, int(info["vocab_size"]),
+                             label_smoothing=config.task.label_smoothing)
 
 
 def _label_description(info: dict) -> str:
