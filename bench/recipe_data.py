@@ -67,30 +67,23 @@ def write_photo_folder(root: str) -> dict[str, int]:
     return counts
 
 
-def _feature_example(encoded: bytes, height: int, width: int, label: int, filename: str,
-                     boxes: np.ndarray) -> bytes:
-    import tensorflow as tf
+def _imagenet_example(encoded: bytes, height: int, width: int, label: int, filename: str,
+                      boxes: np.ndarray) -> bytes:
+    """One record with the features `imagenet_to_gcs.py` writes; `boxes` [n, 4] (xmin, ymin,
+    xmax, ymax)."""
+    from tftrain.data.example_bytes import bytes_feature, example, float_feature, int64_feature
 
-    def floats(values):
-        return tf.train.Feature(float_list=tf.train.FloatList(value=list(values)))
-
-    def ints(values):
-        return tf.train.Feature(int64_list=tf.train.Int64List(value=list(values)))
-
-    def strings(value: bytes):
-        return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-
-    feature = {
-        "image/encoded": strings(encoded), "image/format": strings(b"JPEG"),
-        "image/class/label": ints([label]), "image/class/text": strings(f"class {label}".encode()),
-        "image/height": ints([height]), "image/width": ints([width]),
-        "image/filename": strings(filename.encode()), "image/colorspace": strings(b"RGB"),
-        "image/channels": ints([3]),
-        "image/object/bbox/xmin": floats(boxes[:, 0]), "image/object/bbox/ymin": floats(boxes[:, 1]),
-        "image/object/bbox/xmax": floats(boxes[:, 2]), "image/object/bbox/ymax": floats(boxes[:, 3]),
-        "image/object/bbox/label": ints([label] * len(boxes)),
-    }
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    return example({
+        "image/encoded": bytes_feature(encoded), "image/format": bytes_feature(b"JPEG"),
+        "image/class/label": int64_feature(label),
+        "image/class/text": bytes_feature(f"class {label}"),
+        "image/height": int64_feature(height), "image/width": int64_feature(width),
+        "image/filename": bytes_feature(filename), "image/colorspace": bytes_feature(b"RGB"),
+        "image/channels": int64_feature(3),
+        **{f"image/object/bbox/{name}": float_feature(boxes[:, index])
+           for index, name in enumerate(("xmin", "ymin", "xmax", "ymax"))},
+        "image/object/bbox/label": int64_feature([label] * len(boxes)),
+    })
 
 
 def write_imagenet_records(directory: str, images: int, files: int = 4, seed: int = 0) -> list[str]:
@@ -121,7 +114,7 @@ def write_imagenet_records(directory: str, images: int, files: int = 4, seed: in
         label = int(rng.integers(1, 1001))
         # 0..2 boxes, [xmin, ymin, xmax, ymax] each: the bbox features vary in length.
         boxes = np.sort(rng.random((int(rng.integers(0, 3)), 2, 2)), axis=1).reshape(-1, 4)
-        writers[index % files].write(_feature_example(
+        writers[index % files].write(_imagenet_example(
             buffer.getvalue(), height, width, label, f"n{label:08d}_{index}.JPEG", boxes))
     for writer in writers:
         writer.close()

@@ -2,7 +2,8 @@
 what they cost the input, and tftrain's augmented input against Model Garden's parser.
 
     python bench/recipes.py [--parts=input,recipes,cost] [--seeds=3] [--steps=300]
-                            [--images=400] [--rounds=3] [--workdir=/tmp/tftrain-bench/recipes]
+                            [--settings=1,2,...] [--images=400] [--rounds=3] [--passes=10]
+                            [--workdir=/tmp/tftrain-bench/recipes]
 
 Data (made once into --workdir by bench/recipe_data.py, from scikit-learn's two sample photos):
 ImageNet-layout TFRecords of --images photo-like JPEGs (300..500 px a side, 1-based labels,
@@ -12,15 +13,17 @@ training crops), converted with `tftrain convert --pipeline=image_folder` at ima
 
 Parts:
   input    images/s at 224x224 with random-resized crop + horizontal flip, training mode, batch
-           64, side by side in one process, --rounds interleaved rounds (best and range):
+           64, side by side in one process, --rounds interleaved rounds of --passes passes
+           each (best and range; CPU time per image, the least):
            Model Garden's own `official.core.input_reader.InputReader` over its
            `classification_input.Decoder` and `Parser` (tf-models-official, installed by the
            bench into a throwaway venv in --workdir, never a tftrain dependency: see
            bench/convert.py) with `image_classification.DataConfig`'s defaults, against
            `tftrain.data.load(training=True)` reading the same files as foreign TFRecords
            (`data.format=tfrecord`: pipeline image_folder at 224, 1001 classes) with
-           `augment={random_resized_crop: true, flip: true}`; and tftrain without augmentation
-           (decode the whole JPEG, resize) for reference. Both maps run with tf.data AUTOTUNE.
+           `augment={random_resized_crop: true, flip: true}` (also with `autotune=False`, the
+           crop alone, and no augmentation: the whole JPEG decoded and resized, for reference).
+           Both maps run with tf.data AUTOTUNE.
   recipes  the plain recipe (the CNN below, Adam 0.002 cosine, batch 32, --steps steps) against
            each addition alone, the standard set (crop + flip + label smoothing 0.1) and all
            together, each trained with `tftrain train`'s code (`tftrain.engine.train.train`)
@@ -62,7 +65,8 @@ SETTINGS = {  # row -> params_override added to the plain recipe
     "plain": "",
     "random_resized_crop": "data.augment={random_resized_crop: true}",
     "flip": "data.augment={flip: true}",
-    "randaugment (2 layers, magnitude 10)": "data.augment={randaugment: {num_layers: 2, magnitude: 10}}",
+    "randaugment (2 layers, magnitude 10)":
+        "data.augment={randaugment: {num_layers: 2, magnitude: 10}}",
     "random_erasing 0.25": "data.augment={random_erasing: 0.25}",
     "mixup 0.8": "data.augment={mixup_alpha: 0.8}",
     "cutmix 1.0": "data.augment={cutmix_alpha: 1.0}",
@@ -152,18 +156,22 @@ def input_part(work: str, images: int, rounds: int, passes: int) -> str:
     rates = json.loads(line[len("RESULT "):])
     best = {row: max(r[0] for r in runs) for row, runs in rates.items()}
     garden = next(iter(best.values()))
-    rows = []
+    cores, rows = os.cpu_count() or 1, []
     for row, runs in rates.items():
         fastest = max(runs)
-        rows.append([row, f"{fastest[0]:,.1f}", f"{min(r[0] for r in runs):,.1f}–{fastest[0]:,.1f}",
-                     f"{fastest[1] * 1e3:.1f}", f"{best[row] / garden:.2f}x"])
+        least_cpu = min(r[1] for r in runs)
+        rows.append([row, f"{fastest[0]:,.0f}",
+                     f"{min(r[0] for r in runs):,.0f}–{fastest[0]:,.0f}",
+                     f"{best[row] / garden:.2f}x", f"{least_cpu * 1e3:.2f}",
+                     f"{cores / least_cpu:,.0f}"])
     ratios = ", ".join(f"{ours[0] / theirs[0]:.2f}x" for ours, theirs
                        in zip(list(rates.values())[1], list(rates.values())[0]))
     return "\n".join([
         f"{images} ImageNet-layout records (JPEG, 300..500 px a side), {INPUT_SIZE}x{INPUT_SIZE} "
         f"output, batch {INPUT_BATCH}, training mode; {MODEL_GARDEN}; best of {rounds} rounds",
-        "", markdown_table(["pipeline", "images/s (best)", "range over rounds", "CPU ms/image",
-                            "vs Model Garden"], rows, ["l", "r", "r", "r", "r"]),
+        "", markdown_table(["pipeline", "images/s (best)", "range over rounds", "vs Model Garden",
+                            "CPU ms/image (least)", f"limit on {cores} cores (cores / CPU)"],
+                           rows, ["l", "r", "r", "r", "r", "r"]),
         "", f"per round, tftrain crop + flip / Model Garden: {ratios}"])
 
 
@@ -236,7 +244,7 @@ def cost_part(data_dir: str, steps: int, settings: list[str]) -> str:
             if setting.startswith("label_smoothing"):
                 continue  # the loss only: nothing in the input
             config = build_config(data_dir, setting, steps, 0)
-            rate = measure.input_rate(measure.host_input(config), 100, config.data.batch_size)
+            rate = measure.input_rate(measure.host_input(config), 200, config.data.batch_size)
             rates[setting] = max(rates.get(setting, 0.0), rate)
     rows = [[setting, f"{rate:,.0f}", f"{rate / rates['plain']:.2f}x",
              f"{model_alone / rate * 100:.0f} %"] for setting, rate in rates.items()]
@@ -267,8 +275,10 @@ def main() -> None:
         input_child(json.loads(args.input_child))
         return
     names = list(SETTINGS)
-    settings = ([names[int(i)] for i in args.settings.split(",")] if args.settings
-                else names[1:])
+    chosen = args.settings.split(",") if args.settings else [str(i) for i in range(1, len(names))]
+    if any(not i.isdigit() or not 0 < int(i) < len(names) for i in chosen):
+        parser.error(f"--settings={args.settings}: numbers from 1 to {len(names) - 1}")
+    settings = [names[int(i)] for i in chosen]
     parts = args.parts.split(",")
     if set(parts) - set(PARTS):
         parser.error(f"--parts={args.parts}: a comma-separated subset of {','.join(PARTS)}")
