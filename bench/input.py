@@ -48,8 +48,11 @@ import tensorflow as tf  # noqa: E402
 from bench import synthetic  # noqa: E402
 from bench.table import markdown_table  # noqa: E402
 from tftrain.data import load, manifest as manifest_lib  # noqa: E402
-from tftrain.data.reader import STAGES, batch_decoder, parse_spec  # noqa: E402
+from tftrain.data.reader import STAGES as ALL_STAGES, batch_decoder, parse_spec  # noqa: E402
 from pipelines import load_pipeline  # noqa: E402
+
+# read, parse, decode: these datasets are not augmented (the last, "augment", is the whole load)
+STAGES = ALL_STAGES[:ALL_STAGES.index("decode") + 1]
 
 BATCH = 256
 SPLIT = "train"

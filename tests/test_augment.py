@@ -13,7 +13,10 @@ from tests import imagenet_layout
 
 CROP_FLIP_MIX = {"random_resized_crop": True, "flip": True, "mixup_alpha": 0.2,
                  "cutmix_alpha": 1.0}
-FOREIGN = {"pipeline": "image_folder", "pipeline_options": {"image_size": imagenet_layout.IMAGE_SIZE},
+EVERYTHING = {**CROP_FLIP_MIX, "randaugment": {"num_layers": 2, "magnitude": 15},
+              "random_erasing": 0.5, "switch_prob": 0.3, "mix_prob": 0.8}
+FOREIGN = {"pipeline": "image_folder",
+           "pipeline_options": {"image_size": imagenet_layout.IMAGE_SIZE},
            "info": {"num_classes": imagenet_layout.NUM_CLASSES}}
 
 
@@ -103,6 +106,27 @@ def test_the_flip_mirrors_exactly_the_examples_its_uniforms_say():
     np.testing.assert_array_equal(flipped[~mask], images.numpy()[~mask])
 
 
+def test_randaugment_and_erasing_take_each_image_with_its_own_seed():
+    import tensorflow as tf
+
+    from tftrain.data import augment, image_ops
+    from tftrain.data.augment_options import parse
+
+    images = tf.random.stateless_uniform([6, 12, 10, 3], [5, 5])
+    seeds = {"randaugment": tf.constant([1, 2], tf.int64),
+             "erasing": tf.constant([3, 4], tf.int64)}
+    stage = augment.Stage(parse({"randaugment": {"num_layers": 2, "magnitude": 10},
+                                 "random_erasing": 1.0}), seed=1, image_shape=(12, 10, 3))
+    out = stage.per_image(images, seeds, 6).numpy()
+    layer_seeds = augment.example_seeds(seeds["randaugment"], 6)
+    erase_seeds = augment.example_seeds(seeds["erasing"], 6)
+    for i in range(6):
+        expected = image_ops.random_erasing(
+            image_ops.randaugment(images[i], layer_seeds[i], 2, 10), erase_seeds[i], 1.0)
+        np.testing.assert_array_equal(out[i], expected.numpy())
+        assert np.abs(out[i] - images[i].numpy()).max() > 0.01  # erased: always changed
+
+
 # ---- the stream ---------------------------------------------------------------------------------
 
 def test_a_batch_is_a_function_of_seed_pipeline_and_position(records):
@@ -132,12 +156,15 @@ def test_a_batch_is_a_function_of_seed_pipeline_and_position(records):
     assert np.abs(other_pipeline_at_1 - at_1).max() > 0.1
 
 
-@pytest.mark.parametrize("cache", ["none", "decoded"])
-def test_a_resumed_stream_equals_the_uninterrupted_one(records, cache):
+@pytest.mark.parametrize("cache,augment", [
+    ("none", CROP_FLIP_MIX), ("decoded", CROP_FLIP_MIX), ("records", EVERYTHING)],
+    ids=["crop_flip_mix", "crop_flip_mix_cache_decoded", "everything_cache_records"])
+def test_a_resumed_stream_equals_the_uninterrupted_one(records, cache, augment):
     """Crop (JPEG windows; `cache=decoded`: crop_and_resize of the cached images), flip,
-    mixup and cutmix: the stream from start_batch=4 is batches 4, 5 of the stream from 0."""
-    reference = _batches(_load(records, augment=CROP_FLIP_MIX, cache=cache), 6)
-    resumed = _batches(_load(records, augment=CROP_FLIP_MIX, cache=cache, start_batch=4), 2)
+    mixup and cutmix, and RandAugment and random erasing: the stream from start_batch=4 is
+    batches 4, 5 of the stream from 0."""
+    reference = _batches(_load(records, augment=augment, cache=cache), 6)
+    resumed = _batches(_load(records, augment=augment, cache=cache, start_batch=4), 2)
     for got, want in zip(resumed, reference[4:]):
         np.testing.assert_array_equal(got[0], want[0])
         np.testing.assert_array_equal(got[1], want[1])
@@ -206,6 +233,7 @@ def test_the_export_serves_what_validation_saw(records, tmp_path, cli):
     import tensorflow as tf
 
     from tftrain.engine.export import saved_model_dir
+    from tftrain.optimize.predict import read_run
 
     run = tmp_path / "run"
     augment = "{random_resized_crop: true, flip: true}"
@@ -224,6 +252,9 @@ def test_the_export_serves_what_validation_saw(records, tmp_path, cli):
     plain, _ = next(iter(_load(records, "validation", 8, training=False)))
     (uncropped,) = loaded.signatures["serving_default"](plain).values()
     assert np.abs(uncropped.numpy() - served).max() > 1e-4  # the crop changes what it sees
+    # predict's .tflite path decodes with the run's info: the same center crop
+    _, manifest, _ = read_run(str(run))
+    assert manifest["info"]["eval_crop"] == 0.875
 
 
 # ---- bad settings: one line each, before any training -----------------------------------------
@@ -251,9 +282,8 @@ def test_the_export_serves_what_validation_saw(records, tmp_path, cli):
 def test_bad_settings_are_one_line(setting, message, tmp_path, cli, capsys):
     assert cli("train", "--config=digits", f"--model_dir={tmp_path / 'run'}",
                f"--params_override=data.augment={setting}") == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    assert err.splitlines()[-1].startswith(f"tftrain train: error: {message}")
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"tftrain train: error: {message}"), lines
 
 
 def test_mixing_a_regression_is_refused(tmp_path, cli, capsys):
@@ -271,3 +301,19 @@ def test_augmenting_a_pipeline_that_decodes_no_images_is_refused(text_dir, tmp_p
     assert capsys.readouterr().err.splitlines()[-1] == (
         "tftrain train: error: data.augment transforms images, and pipeline 'text' does not "
         "decode images (pipelines.images.decode_image_batch): remove data.augment")
+
+
+def test_mixing_is_refused_for_a_task_the_dataset_makes_regression():
+    """task.type=auto resolved from the dataset's float label: refused once it is known."""
+    from tftrain import config as config_lib
+    from tftrain import tasks
+    from tftrain.errors import ConfigError
+
+    config = config_lib.build_config("digits", overrides="data.augment.cutmix_alpha=1.0")
+    floats = {"pipeline": "csv", "info": {"label": {"type": "float"},
+                                          "label_stats": {"kind": "float", "shape": []}}}
+    with pytest.raises(ConfigError) as refused:
+        tasks.from_config(config, floats)
+    assert str(refused.value) == (
+        "data.augment's mixup_alpha/cutmix_alpha mix class labels into soft targets, and "
+        "task.type=regression (from the dataset's label) has no classes to mix: set them to 0")

@@ -247,6 +247,106 @@ def test_sigkill_at_a_random_step_then_the_same_command(tmp_path, id_data, devic
     assert difference <= 1e-6, replay
 
 
+def gated_image_model(input_shape, num_classes, count_file="", hold_at=0, gate=""):
+    """A small image classifier with dropout whose training batches each append a line to
+    `count_file`; with `gate`, the batch after `hold_at` recorded ones waits (bounded) for
+    the file `gate`, after creating `<gate>.held` (see `recording_model`)."""
+    import tensorflow as tf
+    import tf_keras as keras
+
+    def count(images):
+        recorded = open(count_file).read().count("\n") if os.path.exists(count_file) else 0
+        if gate and recorded >= hold_at and not os.path.exists(gate):
+            open(f"{gate}.held", "w").close()
+            deadline = time.monotonic() + BOUND
+            while not os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        with open(count_file, "a") as f:
+            f.write("batch\n")
+        return images
+
+    class CountBatches(keras.layers.Layer):
+        def call(self, inputs, training=None):
+            if training:
+                counted = tf.py_function(count, [inputs], inputs.dtype)
+                return tf.ensure_shape(counted, inputs.shape)
+            return inputs
+
+    inputs = keras.Input(input_shape, name="inputs")
+    x = keras.layers.Conv2D(4, 3, activation="relu")(CountBatches()(inputs))
+    x = keras.layers.Dropout(0.3)(keras.layers.GlobalAveragePooling2D()(x))
+    return keras.Model(inputs, keras.layers.Dense(num_classes)(x), name="gated")
+
+
+@pytest.fixture(scope="module")
+def jpeg_records(tmp_path_factory):
+    """The ImageNet-layout JPEG records (tests/imagenet_layout.py), written once."""
+    from tests import imagenet_layout
+
+    return imagenet_layout.write(str(tmp_path_factory.mktemp("jpegs") / "records"))
+
+
+AUGMENTED_BATCH = 8  # 72 training images: 9 steps per epoch
+
+
+def test_sigkill_with_augmentation_then_the_same_command(tmp_path, jpeg_records, monkeypatch,
+                                                         restore_determinism):
+    """data.augment's crop (JPEG windows), flip, mixup and cutmix with train.deterministic: a
+    `tftrain train` process SIGKILLed at a random step after a backup, resumed by the same
+    config, ends with the uninterrupted run's weights (within 1e-6): every draw is keyed by
+    the batch's position, not by what ran before."""
+    from tests import imagenet_layout
+
+    steps_per_epoch = 3 * imagenet_layout.PER_CLASS["train"] // AUGMENTED_BATCH
+    kill_at = random.Random(KILL_SEED).randint(6, 2 * steps_per_epoch - 4)
+    replay = f"KILL_SEED={KILL_SEED}, killed after {kill_at} batches"
+    gate, open_gate = tmp_path / "gate", tmp_path / "gate-open"
+    open_gate.touch()
+
+    def augmented(name, gate_file):
+        params = (f"{{count_file: '{tmp_path / name}.txt', hold_at: {kill_at}, "
+                  f"gate: '{gate_file}'}}")
+        return imagenet_layout.overrides(jpeg_records, **{
+            "data.batch_size": AUGMENTED_BATCH, "data.shuffle_buffer": 64, "train.epochs": 2,
+            "train.backup_every_steps": 4, "train.deterministic": "true",
+            "train.learning_rate": 0.01,
+            "model.name": "tests.test_exact_resume:gated_image_model", "model.params": params,
+            "data.augment": "{random_resized_crop: true, flip: true, mixup_alpha: 0.2, "
+                            "cutmix_alpha: 1.0}"})
+
+    dumps = {name: tmp_path / f"weights-{name}" for name in ("reference", "resumed")}
+    first = _train(tmp_path / "run", augmented("resumed", gate))
+    failures = []
+
+    def kill():
+        try:
+            _kill_after_backup(first, str(tmp_path / "run"), str(tmp_path / "resumed.txt"),
+                               kill_at, held=f"{gate}.held")
+        except BaseException as e:  # reported by the test thread
+            failures.append(e)
+        finally:
+            gate.touch()
+
+    killer = threading.Thread(target=kill)
+    killer.start()
+    try:
+        _train_in_process(tmp_path / "reference", augmented("reference", open_gate), monkeypatch,
+                          dumps["reference"])
+        killer.join(BOUND)
+    finally:
+        first.kill_all()
+    assert not failures, (replay, failures)
+    summary = _train_in_process(tmp_path / "run", augmented("resumed", gate), monkeypatch,
+                                dumps["resumed"])
+    kept = steps_before(summary, steps_per_epoch)
+    assert 0 < kept < 2 * steps_per_epoch and summary["steps"] == 2 * steps_per_epoch, replay
+    difference = max(float(np.max(np.abs(a - b))) for a, b in
+                     zip(_weights(dumps["reference"]), _weights(dumps["resumed"])))
+    print(f"\n{replay}; resumed at step {kept}; max |weight difference| vs. the "
+          f"uninterrupted run: {difference:.3g}")
+    assert difference <= 1e-6, replay
+
+
 WIDE = 300_000  # the recording model's width: 2.4M weights, ~29 MB per backup with Adam's
 
 

@@ -177,7 +177,6 @@ def validate(config: Config) -> None:
                           f"data.source ({config.data.source!r}) is only for converting raw data: "
                           "drop one of them")
     check_task(config)
-    augment_options.check_task(augment_options.parse(config.data.augment), config.task.type)
     for key in ("data.batch_size", "data.shuffle_buffer", "train.epochs", "train.steps_per_epoch",
                 "train.steps", "train.learning_rate", "train.steps_per_execution",
                 "train.grad_accum_steps", "train.lr_decay_epochs", "train.lr_decay_rate"):
@@ -277,8 +276,8 @@ def check_pipeline(runtime, batch_size: int) -> None:
 
 
 def check_task(config: Config) -> None:
-    """`task.type`, `task.loss` and `train.monitor` fit together (as far as known before the
-    dataset is read: `task.type=auto` is resolved by `tftrain.tasks.resolve`)."""
+    """`task.type`, `task.loss`, `train.monitor` and `data.augment` fit together (as far as
+    known before the dataset is read: `task.type=auto` is resolved by `tftrain.tasks.resolve`)."""
     task = config.task
     if task.type not in TASK_TYPES:
         close = difflib.get_close_matches(str(task.type), TASK_TYPES, n=1)
@@ -294,6 +293,7 @@ def check_task(config: Config) -> None:
         tasks.TASKS[task.type].check_monitor(config.train.monitor)
     class_weights.check_setting(config.train.class_weight, task.type)
     soft_targets.check_setting(task.label_smoothing, task.type)
+    augment_options.check_task(augment_options.parse(config.data.augment), task.type)
 
 
 def from_yaml_file(path: str) -> Config:

@@ -20,7 +20,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from pipelines import images as image_lib
-from tftrain.data import mixing
+from tftrain.data import image_ops, mixing
 from tftrain.data.augment_options import Augment
 
 # The draws of a batch, one seed each (`batch_seeds`); their order is part of the stream.
@@ -107,16 +107,12 @@ class Stage:
             images = tf.where(flip_mask(seeds["flip"], count)[:, None, None, None],
                               tf.reverse(images, axis=[2]), images)
         if self.options.randaugment:
-            from tftrain.data import image_ops
-
             layers, magnitude = (self.options.randaugment["num_layers"],
                                  self.options.randaugment["magnitude"])
             images = _each(lambda image, seed: image_ops.randaugment(image, seed, layers,
                                                                      magnitude),
                            images, example_seeds(seeds["randaugment"], count))
         if self.options.random_erasing:
-            from tftrain.data import image_ops
-
             probability = self.options.random_erasing
             images = _each(lambda image, seed: image_ops.random_erasing(image, seed, probability),
                            images, example_seeds(seeds["erasing"], count))

@@ -266,61 +266,53 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
          deterministic: bool | None = None, last_stage: str = "augment",
          start_batch: int = 0, autotune: bool = True, trusted_pipeline: str | None = None,
          shard_sets: Sequence[tuple[int, Sequence[str]]] = (),
-         worker_slice: WorkerSlice | None = None,
-         label_weights: Sequence[float] | None = None,
+         worker_slice: WorkerSlice | None = None, label_weights: Sequence[float] | None = None,
          augment: dict | None = None) -> tf.data.Dataset:
     """Returns a batched dataset of `(inputs, label)` read from `data_dir`'s `split`.
 
     `batch_size` is the size of the batches this pipeline yields. Under a strategy, use
-    `load_distributed`, which turns the global batch into the per-replica batch (the one place
-    that does) and passes `input_context`; the pipeline then reads only its share of the data:
-    whole shard files when there are at least as many files as input pipelines, else every
-    n-th example (with a warning). Evaluation reads in file order. Training reads in passes:
-    pass p shuffles the shard files and then the examples with a seed mixed from (`seed`, p)
-    (`tftrain.data.order`), files read in parallel, so the order is a function of the seed alone
-    (not of TF's global seed, with `repeat`): every iterator, every worker and every restart
-    sees the same batches. With `repeat`, the passes follow one another forever and
-    `start_batch` (how many batches of this pipeline were consumed before a resume) starts the
-    stream right after them: the skipped records of the current pass are read but not parsed,
-    the earlier passes not read at all. `shard_sets` (with `repeat`; `(from_batch, shard file
-    names)`, the first from 0) reads each set of the split's shards from the first pass
-    boundary at or after its `from_batch` on: a run resumed
-    after `tftrain convert --append` (`tftrain.data.passes`) finishes its pass on the shards it
-    had and reads the new ones from the next. Without `repeat`, training yields one pass,
-    reshuffled each time it is iterated. `deterministic=False` lets
-    the parallel reads and maps hand over elements out of order (the order is then not exact).
-    Examples are batched first and then parsed and decoded a batch at a time; only the
-    features that the decoded `(inputs, label)` depend on are parsed (`batch_decoder`).
-    `autotune=False` turns tf.data's autotuning off: the parallel reads and maps then run as
-    many calls as there are cores from the start, which a small host (2 cores) reads faster with.
+    `load_distributed`, which turns the global batch into the per-replica batch (the one place that
+    does) and passes `input_context`; the pipeline then reads only its share of the data: whole
+    shard files when there are at least as many files as input pipelines, else every n-th example
+    (with a warning). Evaluation reads in file order. Training reads in passes: pass p shuffles the
+    shard files and then the examples with a seed mixed from (`seed`, p) (`tftrain.data.order`),
+    files read in parallel, so the order is a function of the seed alone (not of TF's global seed,
+    with `repeat`): every iterator, every worker and every restart sees the same batches. With
+    `repeat`, the passes follow one another forever and `start_batch` (how many batches of this
+    pipeline were consumed before a resume) starts the stream right after them: the skipped records
+    of the current pass are read but not parsed, the earlier passes not read at all. `shard_sets`
+    (with `repeat`; `(from_batch, shard file names)`, the first from 0) reads each set of the
+    split's shards from the first pass boundary at or after its `from_batch` on: a run resumed
+    after `tftrain convert --append` (`tftrain.data.passes`) finishes its pass on the shards it had
+    and reads the new ones from the next. Without `repeat`, training yields one pass, reshuffled
+    each time it is iterated. `deterministic=False` lets the parallel reads and maps hand over
+    elements out of order (the order is then not exact). Examples are batched first and then parsed
+    and decoded a batch at a time; only the features that the decoded `(inputs, label)` depend on
+    are parsed (`batch_decoder`). `autotune=False` turns tf.data's autotuning off: the parallel
+    reads and maps then run as many calls as there are cores from the start, which a small host (2
+    cores) reads faster with.
 
-    `cache`: "records" keeps the serialized examples in memory after the first pass (no file
-    reads after it); "decoded" keeps the decoded examples (no reads and no decoding after the
-    first pass, at the memory of decoded tensors: 12 KiB per 32x32x3 float32 image), and needs a
-    pipeline whose decoded examples have a fixed shape.
+    `cache`: "records" keeps the serialized examples in memory after the first pass (no file reads
+    after it); "decoded" keeps the decoded examples (no reads and no decoding after the first pass,
+    at the memory of decoded tensors: 12 KiB per 32x32x3 float32 image), and needs a pipeline whose
+    decoded examples have a fixed shape.
 
     Foreign TFRecords: when `data_dir` has no dataset.json and `pipeline` (a pipeline name) is
     given, `data_dir` is a file pattern (see `foreign_files`), the schema is
     `pipeline.features(info)`, and `info` stands in for the manifest's metadata. The pipeline is
-    built with `pipeline_options` (e.g. {"image_size": 64}). The pipeline a dataset.json names
-    is imported only when it is built in or is `trusted_pipeline` (the user's `data.pipeline`):
-    a dataset does not choose the code that runs.
+    built with `pipeline_options` (e.g. {"image_size": 64}). The pipeline a dataset.json names is
+    imported only when it is built in or is `trusted_pipeline` (the user's `data.pipeline`): a
+    dataset does not choose the code that runs.
 
-    tf.data service: with `service_address` (a dispatcher's host:port) the whole pipeline runs
-    on the service's workers in `service_mode` (see `tftrain.data.service`). `last_stage` (one
-    of STAGES) truncates the pipeline: "read" yields batches of serialized records, "parse"
-    their parsed features, "decode" `(inputs, label)` unaugmented, "augment" (the default) with
-    `augment` applied.
-    `worker_slice`: one worker's part of each batch (taken before parsing; a pipeline run's
-    workers read the same batches, each trains on its part).
-    `label_weights` (one per class id, `train.class_weight`): `(inputs, label, sample_weight)`.
-
-    `augment` (`data.augment`, an image pipeline's only): training batches are augmented
-    (`tftrain.data.augment`, after any cache: `cache=decoded` keeps the unaugmented images),
-    every draw keyed by (`seed`, this input pipeline, the batch's position counting
-    `start_batch`), so a resumed stream equals the uninterrupted one; mixup/cutmix make the
-    label a soft target [batch, num_classes]. Evaluation is never augmented, but with
-    `random_resized_crop` it decodes the center crop (`Augment.decode_info`).
+    tf.data service: with `service_address` (a dispatcher's host:port) the whole pipeline runs on
+    the service's workers in `service_mode` (see `tftrain.data.service`). `last_stage` (one of
+    STAGES) truncates the pipeline: "read" yields batches of serialized records, "parse" their
+    parsed features, "decode" `(inputs, label)` unaugmented, "augment" (the default) with `augment`
+    applied. `worker_slice`: one worker's part of each batch (taken before parsing; a pipeline
+    run's workers read the same batches, each trains on its part). `label_weights` (one per class
+    id, `train.class_weight`): `(inputs, label, sample_weight)`. `augment` (`data.augment`):
+    training batches go through `tftrain.data.augment`'s stage, after any cache; every other read
+    decodes as `Augment.decode_info` says.
     """
     options = ReadOptions(
         training=training, shuffle_buffer=shuffle_buffer, cache=cache,
@@ -330,8 +322,6 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
         service_address=service_address, service_mode=service_mode)
     options.check()
     source = open_split(data_dir, split, pipeline, pipeline_options, info, trusted_pipeline)
-    augmenting = augment_options.parse(augment)
-    image_shape = _augmentable(source, augmenting)
     shares = [(from_batch, Share.of(part.files, input_context, split), part)
               for from_batch, part in _shard_sets(source, shard_sets, options)]
     for file in {file for _, share, _ in shares for file in share.files}:  # before TF opens them
@@ -339,20 +329,8 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     if training and options.seed is None:  # a random order (repeatable under TF's global seed)
         options = dataclasses.replace(options, seed=int(tf.random.uniform([], 1, 2**31 - 1,
                                                                           tf.int64)))
-    stage = None
-    if training and augmenting.active and last_stage == "augment":
-        # worker slices of one batch are distinct examples: each draws its own
-        pipeline_id = ((input_context.input_pipeline_id if input_context else 0) * 1024
-                       + (worker_slice.index if worker_slice else 0))
-        stage = augment_lib.Stage(augmenting, options.seed, image_shape,
-                                  _classes_to_mix(source, augmenting), pipeline_id)
-    # Every decode but the augment stage's crops as evaluation does (the stage's random crop
-    # replaces it); the decoded cache of an augmented input keeps whole images to crop from.
-    parse_and_decode = batch_decoder(
-        parse_spec(source.manifest.get("features") or source.pipeline.features(source.info)),
-        source.pipeline, source.info if stage and cache == "decoded"
-        else augmenting.decode_info(source.info), last_stage, source.manifest.get("label_key"),
-        split)
+    stage, parse_and_decode = _stage_and_decoder(source, augment_options.parse(augment), options,
+                                                 input_context, worker_slice, split)
     examples = _examples(options, shares, parse_and_decode, batch_size)
     dataset = examples.batch(batch_size, drop_remainder=options.drop_remainder)
     dataset = _with_known_size(dataset, options, source, input_context, batch_size)
@@ -361,9 +339,25 @@ def load(data_dir: str, split: str, batch_size: int, training: bool, *,
     return _finished(dataset, options, input_context)
 
 
-def _augmentable(source: Source, augmenting: augment_options.Augment) -> tuple | None:
-    """The pipeline's (height, width, channels) when `data.augment` asks for anything; a
-    ConfigError when its pipeline does not decode images."""
+def _stage_and_decoder(source: Source, augmenting: augment_options.Augment,
+                       options: ReadOptions, input_context, worker_slice, split: str):
+    """The augment stage (`_augment_stage`) and the `batch_decoder` of `source`. Every decode
+    but the augment stage's crops as evaluation does (`Augment.decode_info`; the stage's random
+    crop replaces it), but the decoded cache of an augmented input, which keeps whole images
+    for the stage to crop. `split` is named in a label error."""
+    stage = _augment_stage(source, augmenting, options, input_context, worker_slice)
+    info = (source.info if stage and options.cache == "decoded"
+            else augmenting.decode_info(source.info))
+    return stage, batch_decoder(
+        parse_spec(source.manifest.get("features") or source.pipeline.features(source.info)),
+        source.pipeline, info, options.last_stage, source.manifest.get("label_key"), split)
+
+
+def _augment_stage(source: Source, augmenting: augment_options.Augment, options: ReadOptions,
+                   input_context, worker_slice) -> augment_lib.Stage | None:
+    """The augment stage of a training input with `data.augment` (None for evaluation, a
+    truncated pipeline, or nothing to do); a ConfigError when the pipeline decodes no images
+    (also for evaluation, whose decode crops with `random_resized_crop`)."""
     if not augmenting.active:
         return None
     shape = source.pipeline.image_shape(source.info)
@@ -371,7 +365,13 @@ def _augmentable(source: Source, augmenting: augment_options.Augment) -> tuple |
         raise ConfigError(f"data.augment transforms images, and pipeline "
                           f"{source.pipeline.name!r} does not decode images "
                           "(pipelines.images.decode_image_batch): remove data.augment")
-    return tuple(shape)
+    if not options.training or options.last_stage != "augment":
+        return None
+    # worker slices of one batch are distinct examples: each draws its own
+    pipeline_id = ((input_context.input_pipeline_id if input_context else 0) * 1024
+                   + (worker_slice.index if worker_slice else 0))
+    return augment_lib.Stage(augmenting, options.seed, tuple(shape),
+                             _classes_to_mix(source, augmenting), pipeline_id)
 
 
 def _classes_to_mix(source: Source, augmenting: augment_options.Augment) -> int | None:

@@ -155,8 +155,7 @@ def input_text(config, manifest, stages: list[stages_lib.Stage]) -> list[Suggest
     if worst.name == "augment":
         text.append(Suggestion(
             "a lighter data.augment",
-            f"{part}: randaugment (fewer num_layers) and random_erasing run image by image; "
-            "the crop, flip and mixing are cheap"))
+            f"{part}: randaugment (fewer num_layers) and random_erasing run image by image"))
     if worst.name in ("parse", "decode", "read", "augment"):
         where = ("more workers for the tf.data service at data.service_address"
                  if config.data.service_address else "data.service_address=HOST:PORT")

@@ -1,12 +1,12 @@
 """What each stage of the input pipeline costs, from truncated copies of the training input.
 
-The reader's stages (`reader.STAGES`: read, parse, decode, augment) are timed as host pipelines
-that stop after each one, then, when the replicas are accelerators, the whole distributed input (what the
-strategy adds: per-replica batches copied to the devices; replicas on this host's CPU have no
-copy to time). A stage's cost is the time per example it adds to the pipeline that stops before
-it. Stages are timed without `data.cache` (what a pass that runs them costs) and without a
-tf.data service (they run here). Without `data.augment` the augment stage does nothing: its row
-says so rather than being timed.
+The reader's stages (`reader.STAGES`: read, parse, decode, augment) are timed as host
+pipelines that stop after each one, then, when the replicas are accelerators, the whole
+distributed input (what the strategy adds: per-replica batches copied to the devices; replicas
+on this host's CPU have no copy to time). A stage's cost is the time per example it adds to
+the pipeline that stops before it. Stages are timed without `data.cache` (what a pass that runs
+them costs) and without a tf.data service (they run here). Without `data.augment` the augment
+stage does nothing: its row says so rather than being timed.
 """
 from __future__ import annotations
 
