@@ -37,17 +37,14 @@ def outcomes(name, image, magnitude, seeds=8):
     return [o for i, o in enumerate(outs) if not any(np.array_equal(o, p) for p in outs[:i])]
 
 
-@pytest.mark.parametrize("channels", [1, 3])
-def test_randaugment_keeps_the_shape_dtype_and_range(channels):
-    image = levels_image(channels=channels)
-    # Height and width known only at run time; traced once.
-    augment = tf.function(lambda x, seed: image_ops.randaugment(x, seed, 3, 30),
-                          input_signature=[tf.TensorSpec([None, None, channels]),
-                                           tf.TensorSpec([2], tf.int64)])
-    for seed in range(8):
-        out = augment(image, tf.constant([seed, 0], tf.int64))
-        assert out.shape == image.shape and out.dtype == tf.float32
-        assert 0 <= out.numpy().min() and out.numpy().max() <= 1
+@pytest.mark.parametrize("channels, height, width", [(1, 16, 20), (3, 16, 20), (3, 1, 2)])
+def test_every_op_keeps_the_shape_dtype_and_range(channels, height, width):
+    image = levels_image(height, width, channels)
+    for name in image_ops.OPS:
+        for magnitude in (0, 10, 30):
+            out = op(name, image, magnitude)
+            assert out.shape == image.shape and out.dtype == np.float32, name
+            assert 0 <= out.min() and out.max() <= 1, (name, magnitude)
 
 
 def test_no_layers_leave_the_image_unchanged():
@@ -252,9 +249,13 @@ def test_random_erasing_fills_one_box_of_bounded_area_and_aspect_with_noise(heig
     assert min(aspects) < 0.6 and max(aspects) > 1.6
 
 
-def test_random_erasing_with_probability_zero_leaves_the_image_unchanged():
+def test_random_erasing_with_probability_zero_or_no_box_that_fits_leaves_the_image():
     image = levels_image(seed=16)
     np.testing.assert_array_equal(image_ops.random_erasing(image, SEED, 0.0).numpy(), image)
+    sliver = levels_image(1, 100, seed=16)  # every candidate box is at least 1 pixel high
+    for seed in range(10):
+        out = image_ops.random_erasing(sliver, tf.constant([seed, 0]), 1.0)
+        np.testing.assert_array_equal(out.numpy(), sliver)
 
 
 def test_random_erasing_erases_with_its_probability():
@@ -278,17 +279,20 @@ def test_the_same_seed_augments_the_same_way_and_other_seeds_differently():
     assert sum(not np.array_equal(run([1, 2]), o) for o in others) >= 4
 
 
-def test_in_a_tf_data_map_the_ops_augment_as_eagerly():
-    images = np.stack([levels_image(seed=s) for s in range(3)])
-    seeds = tf.constant([[7, 0], [7, 1], [7, 2]], tf.int64)
+def test_in_a_tf_data_map_of_images_of_unknown_size_the_ops_augment_as_eagerly():
+    images = [levels_image(12 + s, 20 - s, seed=s) for s in range(4)]
+    seeds = tf.constant([[7, s] for s in range(4)], tf.int64)
+    data = tf.data.Dataset.from_generator(
+        lambda: iter(images), output_signature=tf.TensorSpec([None, None, 3], tf.float32))
     augment = lambda x, seed: image_ops.random_erasing(
-        image_ops.randaugment(x, seed, 2, 10), seed, 0.5)
-    mapped = tf.data.Dataset.from_tensor_slices((images, seeds)).map(augment)
+        image_ops.randaugment(x, seed, 2, 30), seed, 0.5)
+    mapped = tf.data.Dataset.zip((data, tf.data.Dataset.from_tensor_slices(seeds)))
+    mapped = mapped.map(augment)
+    assert mapped.element_spec.shape.as_list() == [None, None, 3]
     for image, seed, out in zip(images, seeds, mapped):
+        assert out.shape == image.shape and out.dtype == tf.float32
+        assert 0 <= out.numpy().min() and out.numpy().max() <= 1
         np.testing.assert_array_equal(out.numpy(), augment(image, seed).numpy())
-    batch = tf.map_fn(lambda xs: augment(*xs), (tf.constant(images), seeds),
-                      fn_output_signature=tf.float32)
-    np.testing.assert_array_equal(batch[1].numpy(), augment(images[1], seeds[1]).numpy())
 
 
 @pytest.mark.parametrize("call, message", [

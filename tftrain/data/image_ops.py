@@ -86,12 +86,14 @@ def random_erasing(image, seed, probability: float) -> tf.Tensor:
         box_w = tf.cast(tf.round(tf.sqrt(area / aspect)), tf.int32)
         fits = (box_h < height) & (box_w < width)
         first = tf.argmax(tf.cast(fits, tf.int32), output_type=tf.int32)
-        box_h, box_w = box_h[first], box_w[first]
+        # No candidate fits (a sliver of an image): an empty box, so the placement stays valid.
+        box_h = tf.where(tf.reduce_any(fits), box_h[first], 0)
+        box_w = tf.where(tf.reduce_any(fits), box_w[first], 0)
         top = tf.random.stateless_uniform([], top_seed, 0, height - box_h + 1, tf.int32)
         left = tf.random.stateless_uniform([], left_seed, 0, width - box_w + 1, tf.int32)
         inside = _box_mask(height, width, top, top + box_h, left, left + box_w)
         noise = tf.random.stateless_uniform(shape, noise_seed, dtype=image.dtype)
-        return tf.where(inside & tf.reduce_any(fits), noise, image)
+        return tf.where(inside, noise, image)
 
     apply = tf.random.stateless_uniform([], coin_seed) < probability
     return tf.cond(apply, erase, lambda: image)
@@ -264,9 +266,10 @@ def sharpness(image, magnitude, seed):
     del seed
     channels = image.shape[-1]
     kernel = tf.tile(tf.constant(_SMOOTH)[:, :, None, None] / 13.0, [1, 1, channels, 1])
-    smooth = tf.nn.depthwise_conv2d(image[None], kernel, [1, 1, 1, 1], "VALID")[0]
-    border = tf.pad(tf.ones_like(smooth, tf.bool), [[1, 1], [1, 1], [0, 0]])
-    degenerate = tf.where(border, tf.pad(smooth, [[1, 1], [1, 1], [0, 0]]), image)
+    smooth = tf.nn.depthwise_conv2d(image[None], kernel, [1, 1, 1, 1], "SAME")[0]
+    shape = tf.shape(image)
+    inside = _box_mask(shape[0], shape[1], 1, shape[0] - 1, 1, shape[1] - 1)
+    degenerate = tf.where(inside, smooth, image)
     return _blend(degenerate, image, _enhance_factor(magnitude))
 
 
