@@ -25,6 +25,8 @@ RUN_BY = {
         "tests/test_dtensor.py::test_digits_dtensor_resume_export_and_optimize",
     "tftrain train --config=digits --model_dir=runs/ema --params_override=train.ema_decay=0.99":
         "tests/test_ema.py::averaged_run",
+    "tftrain train --config=digits --model_dir=runs/smoothed "
+    "--params_override=task.label_smoothing=0.1": "tests/test_label_smoothing.py::smoothed_run",
     "tftrain evaluate --model=runs/ema/export --data=data/digits --split=test":
         "tests/test_ema.py::test_a_run_validates_tests_and_exports_the_average",
     "tftrain train --config=diabetes --model_dir=runs/diabetes":

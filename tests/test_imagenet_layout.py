@@ -94,3 +94,17 @@ def test_a_run_directory_is_a_config_for_doctor_and_check(run):
     assert data == run_config.read(str(run)).data
     assert (data.format, data.pipeline, data.pipeline_options, data.info["num_classes"]) == (
         "tfrecord", "image_folder", {"image_size": imagenet_layout.IMAGE_SIZE}, 4)
+
+
+def test_a_label_past_data_info_classes_names_it_the_split_and_the_fix(records, tmp_path, cli,
+                                                                        capsys):
+    # labels go to 3 (1-based): 3 classes declared are one too few
+    overrides = imagenet_layout.overrides(records, **{"data.info": "{num_classes: 3}",
+                                                      "train.epochs": 1})
+    assert cli("train", f"--model_dir={tmp_path / 'run'}",
+               f"--params_override={overrides}") == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"tftrain train: error: a label of 3 in split 'train' of {records} is "
+                   "outside the 3 classes [0, 3) that data.info={num_classes: 3} declares: set "
+                   "data.info.num_classes above the largest label (ImageNet's 1-based labels go "
+                   "to 1000: set data.info={num_classes: 1001}), or fix the records"], err

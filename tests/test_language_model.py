@@ -143,7 +143,8 @@ def test_language_model_on_an_image_dataset_is_one_line(digits_dir, tmp_path, ca
 def test_the_trained_model_beats_a_unigram_model_of_the_same_tokens(lm_run, text_dir):
     summary = json.loads((lm_run / "summary.json").read_text())
     params = yaml.safe_load((lm_run / "params.yaml").read_text())
-    assert summary["task"] == params["task"] == {"type": "language_model", "loss": "crossentropy"}
+    assert summary["task"] == params["task"] == {"type": "language_model", "loss": "crossentropy",
+                                                 "label_smoothing": 0.0}
     test = summary["eval"]
     assert set(test) >= {"loss", "perplexity", "accuracy"}
     assert math.isclose(test["perplexity"], math.exp(test["loss"]), rel_tol=1e-3)

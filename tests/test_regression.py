@@ -47,8 +47,8 @@ def test_a_float_csv_label_trains_as_regression(csv_run):
     data, run = csv_run
     summary = json.loads((run / "summary.json").read_text())
     params = yaml.safe_load((run / "params.yaml").read_text())
-    assert summary["task"] == {"type": "regression", "loss": "mse"}
-    assert params["task"] == {"type": "regression", "loss": "mse"}
+    assert summary["task"] == {"type": "regression", "loss": "mse", "label_smoothing": 0.0}
+    assert params["task"] == {"type": "regression", "loss": "mse", "label_smoothing": 0.0}
     assert params["train"]["monitor"] == "val_rmse"
     assert set(summary["eval"]) >= {"loss", "rmse", "mae", "r2"} and "accuracy" not in summary["eval"]
     # Learned: the target's standard deviation is ~23; predicting the mean scores R² = 0.

@@ -289,10 +289,10 @@ def check_task(config: Config) -> None:
         why = f" (a {owner} loss)" if owner else ""
         raise ConfigError(f"task.loss={task.loss!r}{why} is not a loss of task.type={task.type}: "
                           f"choose auto or one of {', '.join(losses)}")
+    soft_targets.check_setting(task.label_smoothing, task.type)
     if task.type != "auto":
         tasks.TASKS[task.type].check_monitor(config.train.monitor)
     class_weights.check_setting(config.train.class_weight, task.type)
-    soft_targets.check_setting(task.label_smoothing, task.type)
     augment_options.check_task(augment_options.parse(config.data.augment), task.type)
 
 

@@ -34,6 +34,7 @@ class Task(abc.ABC):
     measure = "loss"  # what prune and quantize gate on
     change_name = "loss_change"  # how `change` is named in their reports
     gate_flag = ""  # the CLI flag that bounds `change`
+    label_smoothing = 0.0  # task.label_smoothing: classes to smooth over (classification, LM)
 
     def __init__(self, info: dict, loss: str = "auto"):
         self.info = info
@@ -104,7 +105,8 @@ class Task(abc.ABC):
 
     def resolved(self) -> dict:
         """The `task` config section this task resolves to (params.yaml, summary.json)."""
-        return {"type": self.name, "loss": self.loss_name}
+        return {"type": self.name, "loss": self.loss_name,
+                "label_smoothing": self.label_smoothing}
 
 
 def as_rows(array, name: str) -> np.ndarray:

@@ -6,8 +6,8 @@ the token after it. The loss is the mean categorical cross-entropy over every po
 logits; `task.label_smoothing` smooths the targets over the vocabulary, in the loss only);
 `perplexity` is the exponential of the unsmoothed cross-entropy over the whole evaluation split
 (a streaming Keras metric, `perplexity_metric`), and `accuracy` the fraction of positions whose
-most likely next token is the right one (next-token accuracy). Prune and quantize gate on the relative
-perplexity increase (`--max_metric_change`, 0.05: 5% higher).
+most likely next token is the right one (next-token accuracy). Prune and quantize gate on the
+relative perplexity increase (`--max_metric_change`, 0.05: 5% higher).
 
 `bits_per_byte` (`bits_per_byte_metric`) is the split's summed cross-entropy in bits divided by
 the UTF-8 bytes of the text its targets stand for (the manifest's `info["token_bytes"]`, one
