@@ -181,8 +181,9 @@ def batch_decoder(schema: dict, pipeline, info: dict, last_stage: str = "augment
     other one, e.g. image/filename, would cost a copy per example for nothing), then
     `pipeline.decode`. `last_stage` (one of STAGES) stops after reading or parsing. Class
     labels (`label_key`'s stored values, else the decoded label) are checked to lie in
-    [0, info's num_classes) first (`checked_labels`). The function takes an optional second
-    argument, keys added to `info` for this batch's decode (the augment stage's random crop)."""
+    [0, info's num_classes) first (`checked_labels`; `split` names the split in its error).
+    The function takes an optional second argument, keys added to `info` for this batch's
+    decode (the augment stage's random crop)."""
     reached = features_reached(schema, pipeline, info) if last_stage != "read" else set()
     spec = {name: feature for name, feature in schema.items() if name in reached} or schema
 
