@@ -202,6 +202,22 @@ def test_the_int8_tflite_gives_its_own_evaluations_answers(image_run, tmp_path):
     assert not np.allclose(expected, evaluate_path(run, data), atol=1e-6)
 
 
+def test_a_short_batch_runs_at_its_size_with_the_full_batchs_answers(image_run):
+    """predict's last batch is not padded: the interpreter is resized to it, and each row gets
+    what it gets in a full batch."""
+    run, data, _ = image_run
+    model = tflite_eval.TfliteModel(str(run / "quantized" / "model_int8.tflite"), 1, 8)
+    inputs, _ = next(iter(data_lib.load(data, "test", 8, training=False)))
+    full, _ = model.run(inputs.numpy())
+    model.resize(3)
+    short, _ = model.run(inputs.numpy()[:3])
+    assert short.shape[0] == 3 and model.interpreter.get_input_details()[0]["shape"][0] == 3
+    np.testing.assert_array_equal(short, full[:3])
+    model.resize(8)
+    again, _ = model.run(inputs.numpy())
+    np.testing.assert_array_equal(again, full)
+
+
 def test_csv_rows_give_evaluate_paths_answers_with_ids_passed_through(csv_run, tmp_path, capsys):
     run, data, people = csv_run
     records = [tf.train.Example.FromString(r).features.feature for r in split_records(data)]

@@ -386,6 +386,7 @@ class SavedModelRunner:
                                "signature (an earlier tftrain, or a pipeline whose decode could "
                                "not be exported: its export log says why); train the run again "
                                "with this tftrain, or predict with its .tflite")
+        instantiated(lambda examples: self.signature(examples=examples))
 
     def __call__(self, examples: list[bytes]) -> np.ndarray:
         outputs = self.signature(examples=tf.constant(examples))
@@ -397,19 +398,31 @@ class SavedModelRunner:
         return next(iter(outputs.values())).numpy()
 
 
+def instantiated(function):
+    """`function` (serialized Examples -> its outputs, a graph) after one call on an empty
+    Example, which it may refuse: the first call builds and optimizes the graph (~0.3 s for an
+    image decode), now, as the model loads, rather than on the first batch."""
+    try:
+        function(tf.constant([b""]))
+    except tf.errors.OpError:
+        pass
+    return function
+
+
 class TfliteRunner:
     """A .tflite model on serialized Examples: parsed and decoded by the reader's own function
-    (`reader.batch_decoder`, the dataset's pipeline), run by the LiteRT interpreter at
-    `batch_size` (a last, smaller batch is padded) with `num_threads` threads (default: the
-    cores this process may use); a classifier's outputs become probabilities (softmax)."""
+    (`reader.batch_decoder`, the dataset's pipeline), run by the LiteRT interpreter with
+    `num_threads` threads (default: the cores this process may use); a classifier's outputs
+    become probabilities (softmax). The interpreter runs one batch at a time while another
+    batch decodes (`answered_in_order`); a smaller batch (the last, or one row at a time) is
+    run at its own size, not padded to `batch_size`."""
 
     def __init__(self, path: str, manifest: dict, pipeline, info: dict, batch_size: int,
                  num_threads: int | None = None, classifier: bool = True):
         schema = reader.parse_spec(manifest.get("features") or pipeline.features(info))
         decode = reader.batch_decoder(schema, pipeline, info)
-        self.decode = tf.function(decode, input_signature=[tf.TensorSpec([None], tf.string)],
-                                  autograph=False)
-        self.batch_size = batch_size
+        self.decode = instantiated(tf.function(decode, autograph=False).get_concrete_function(
+            tf.TensorSpec([None], tf.string)))
         self.model = tflite_eval.TfliteModel(path, num_threads or len(os.sched_getaffinity(0)),
                                              batch_size)
         self.lock = threading.Lock()  # one interpreter: one batch at a time (decodes overlap)
@@ -417,17 +430,10 @@ class TfliteRunner:
 
     def __call__(self, examples: list[bytes]) -> np.ndarray:
         inputs, _ = self.decode(tf.constant(examples))
-        count = len(examples)
-        pad = self.batch_size - count
-
-        def padded(tensor):
-            array = np.asarray(tensor)
-            return np.concatenate([array, np.repeat(array[-1:], pad, axis=0)]) if pad else array
-
-        inputs = tf.nest.map_structure(padded, inputs)
+        inputs = tf.nest.map_structure(np.asarray, inputs)
         with self.lock:
+            self.model.resize(len(examples))
             outputs, _ = self.model.run(inputs)
-        outputs = outputs[:count]
         if self.classifier:
             return tf.nn.softmax(outputs.astype(np.float32)).numpy()
         return outputs
