@@ -26,7 +26,7 @@ from tests.test_own_data_guide import write_people
 from tftrain import data as data_lib
 from tftrain.data import manifest as manifest_lib
 from tftrain.data.writer import write_dataset
-from tftrain.optimize import evaluate, tflite_eval
+from tftrain.optimize import evaluate, predict, tflite_eval
 
 SMALL_CNN = "model.params={filters: [8], dense_units: 32, dropout: 0.0}"
 BOUND = 120  # seconds a forked predict may take to reach a state the test waits for
@@ -216,6 +216,14 @@ def test_a_short_batch_runs_at_its_size_with_the_full_batchs_answers(image_run):
     model.resize(8)
     again, _ = model.run(inputs.numpy())
     np.testing.assert_array_equal(again, full)
+
+
+def test_the_python_api_returns_the_cpu_time_of_its_rows(image_run, tmp_path):
+    run, data, _ = image_run
+    summary = predict.predict(str(run / "quantized" / "model_int8.tflite"),
+                              str(tmp_path / "out.csv"), data=data, batch_size=64)
+    assert summary.rows == len(split_records(data)) and summary.bad == 0
+    assert summary.cpu_seconds > 0
 
 
 def test_csv_rows_give_evaluate_paths_answers_with_ids_passed_through(csv_run, tmp_path, capsys):

@@ -61,13 +61,16 @@ class Item:
 
 @dataclasses.dataclass(frozen=True)
 class Summary:
-    """What one prediction did: rows written, how many bad, where, how fast."""
+    """What one prediction did: rows written, how many bad, where, how fast (`seconds` from
+    the first row to the last, after loading the model; `cpu_seconds`: the process's CPU time,
+    user and system, over the same span, which other work on the machine does not inflate)."""
 
     rows: int
     bad: int
     output: str
     seconds: float
     first_bad: str = ""
+    cpu_seconds: float = 0.0
 
     def line(self) -> str:
         """The summary line `tftrain predict` prints."""
@@ -112,7 +115,7 @@ def predict(model: str, output: str, *, input_path: str | None = None,
     runner = (TfliteRunner(path, manifest, pipeline, info, batch_size, num_threads,
                            classifier=bool(columns.class_names))
               if path.endswith(".tflite") else SavedModelRunner(path))
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     rows = bad = 0
     first_bad = ""
     progress = Progress(None, label="predict")
@@ -132,7 +135,8 @@ def predict(model: str, output: str, *, input_path: str | None = None,
             given = f"--input={input_path}" if input_path is not None else f"--data={data}"
             raise DataError(f"{given} holds no rows to predict (split {split!r} with --data)"
                             if data else f"{given} holds no rows to predict")
-    summary = Summary(rows, bad, output, time.monotonic() - started, first_bad)
+    summary = Summary(rows, bad, output, time.monotonic() - started, first_bad,
+                      time.process_time() - cpu)
     if bad and bad / rows > max_bad_fraction:
         raise DataError(f"{bad:,} of {rows:,} rows ({bad / rows:.2%}) could not be predicted, "
                         f"above --max_bad_fraction={max_bad_fraction:g}: the error column of "
