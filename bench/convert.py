@@ -62,22 +62,24 @@ METHOD_LABELS = {"naive": "naive loop (one Example at a time → writer)",
 
 # ---- data ------------------------------------------------------------------------------------
 
-def make_images(root: str, count: int) -> None:
-    """`count` 64x64 PNGs (a class-coloured gradient plus noise, ~10 KB each) in 10 class folders."""
+def make_images(root: str, count: int, size: int = SIZE, image_format: str = "png") -> None:
+    """`count` size x size RGB images (a class-coloured gradient plus noise; ~10 KB each as
+    64x64 PNGs) in 10 class folders, as `image_format` files (png or jpeg)."""
     import numpy as np
     from PIL import Image
 
     if os.path.exists(os.path.join(root, ".done")):
         return
     rng = np.random.default_rng(0)
-    ramp = np.linspace(0, 1, SIZE, dtype=np.float32)
+    ramp = np.linspace(0, 1, size, dtype=np.float32)
+    suffix = {"png": "png", "jpeg": "jpg"}[image_format]
     for i in range(count):
         label = i % CLASSES
         folder = os.path.join(root, f"class{label}")
         os.makedirs(folder, exist_ok=True)
         base = np.outer(ramp, ramp)[..., None] * np.array([label * 25, 120, 255 - label * 25])
-        pixels = np.clip(base + rng.normal(0, 24, (SIZE, SIZE, 3)), 0, 255).astype(np.uint8)
-        Image.fromarray(pixels).save(os.path.join(folder, f"{i:06d}.png"))
+        pixels = np.clip(base + rng.normal(0, 24, (size, size, 3)), 0, 255).astype(np.uint8)
+        Image.fromarray(pixels).save(os.path.join(folder, f"{i:06d}.{suffix}"))
     open(os.path.join(root, ".done"), "w").close()
 
 

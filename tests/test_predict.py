@@ -26,7 +26,7 @@ from tests.test_own_data_guide import write_people
 from tftrain import data as data_lib
 from tftrain.data import manifest as manifest_lib
 from tftrain.data.writer import write_dataset
-from tftrain.optimize import evaluate, tflite_eval
+from tftrain.optimize import evaluate, predict, tflite_eval
 
 SMALL_CNN = "model.params={filters: [8], dense_units: 32, dropout: 0.0}"
 BOUND = 120  # seconds a forked predict may take to reach a state the test waits for
@@ -200,6 +200,30 @@ def test_the_int8_tflite_gives_its_own_evaluations_answers(image_run, tmp_path):
     assert_same_answers(rows, names, expected, [str(i) for i in range(10)])
     # not the float model's answers: the interpreter ran
     assert not np.allclose(expected, evaluate_path(run, data), atol=1e-6)
+
+
+def test_a_short_batch_runs_at_its_size_with_the_full_batchs_answers(image_run):
+    """predict's last batch is not padded: the interpreter is resized to it, and each row gets
+    what it gets in a full batch."""
+    run, data, _ = image_run
+    model = tflite_eval.TfliteModel(str(run / "quantized" / "model_int8.tflite"), 1, 8)
+    inputs, _ = next(iter(data_lib.load(data, "test", 8, training=False)))
+    full, _ = model.run(inputs.numpy())
+    model.resize(3)
+    short, _ = model.run(inputs.numpy()[:3])
+    assert short.shape[0] == 3 and model.interpreter.get_input_details()[0]["shape"][0] == 3
+    np.testing.assert_array_equal(short, full[:3])
+    model.resize(8)
+    again, _ = model.run(inputs.numpy())
+    np.testing.assert_array_equal(again, full)
+
+
+def test_the_python_api_returns_the_cpu_time_of_its_rows(image_run, tmp_path):
+    run, data, _ = image_run
+    summary = predict.predict(str(run / "quantized" / "model_int8.tflite"),
+                              str(tmp_path / "out.csv"), data=data, batch_size=64)
+    assert summary.rows == len(split_records(data)) and summary.bad == 0
+    assert summary.cpu_seconds > 0
 
 
 def test_csv_rows_give_evaluate_paths_answers_with_ids_passed_through(csv_run, tmp_path, capsys):

