@@ -104,3 +104,14 @@ def test_user_model_function_is_checked():
     assert config.model.name == "tests.user_model:tiny"
     with pytest.raises(ConfigError, match="no function 'missing'"):
         config_lib.build_config("digits", {}, "model.name=tests.user_model:missing")
+
+
+def test_a_whole_mapping_under_a_dotted_key_is_written_to_params_yaml_as_given():
+    """`model.params.backbone_params={}` once left an override's own mapping type inside
+    the config, which params.yaml could not hold (`tftrain train` ended in RepresenterError)."""
+    from tftrain.config_schema import to_yaml
+
+    config = config_lib.build_config("finetune", overrides="model.params.backbone_params={}")
+    written = yaml.safe_load(to_yaml(config))
+    assert written["model"]["params"]["backbone_params"] == {}
+    assert written["model"]["params"]["backbone"] == "MobileNetV2"  # the other keys kept

@@ -314,10 +314,18 @@ def apply_values(config: Any, updates: dict, prefix: str = "") -> None:
                 value = _LEGACY_VALUES.get((key, value), value)
             current = getattr(config, name)
             if isinstance(value, WholeMapping):  # 'model.params={...}': the mapping as given
-                value = dict(value)
+                value = _plain(value)
             elif isinstance(current, dict) and isinstance(value, dict):
-                value = {**current, **value}  # 'model.params.remat=true': one key, others kept
+                # 'model.params.remat=true': one key, others kept
+                value = {**current, **_plain(value)}
             setattr(config, name, _coerce(key, value, hints[name]))
+
+
+def _plain(value):
+    """`value` with every `WholeMapping` in it a plain dict (what params.yaml can hold)."""
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    return value
 
 def profile_steps(text: str) -> tuple[int, int] | None:
     """`train.profile_steps` ("start,end") as a pair, or None: 1-based batches counted from the
