@@ -34,8 +34,9 @@ def test_the_loss_auto_is_the_tasks_first():
     assert (task.loss_name, task.info) == ("mse", info)
     assert RegressionTask(info, "auto").loss_name == "mse"
     assert RegressionTask(info, "huber").loss_name == "huber"
-    assert task.resolved() == {"type": "regression", "loss": "mse"}
-    assert ClassificationTask({}).resolved() == {"type": "classification", "loss": "crossentropy"}
+    assert task.resolved() == {"type": "regression", "loss": "mse", "label_smoothing": 0.0}
+    assert ClassificationTask({}, label_smoothing=0.1).resolved() == {
+        "type": "classification", "loss": "crossentropy", "label_smoothing": 0.1}
     with pytest.raises(ConfigError) as raised:
         RegressionTask(info, "hinge")
     assert str(raised.value) == ("task.loss='hinge' is not a loss of task.type=regression: "
