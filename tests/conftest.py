@@ -178,7 +178,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The files that take longest, run first: `make test` runs one file per pytest process in
 # collection order (`--dist loadfile`), so a long file collected late keeps one process busy
 # alone at the end (the make demo test did, for ~5 of 23 minutes).
-LONGEST_FIRST = ("test_imagenet_recipe.py", "test_documented_commands.py", "test_pipeline.py", "test_multiworker.py",
+LONGEST_FIRST = ("test_imagenet_recipe.py", "test_imagenet_recipe_check.py",
+                 "test_documented_commands.py", "test_pipeline.py", "test_multiworker.py",
                  "test_launch_restarts.py", "test_remat.py", "test_fault_injection.py",
                  "test_exact_resume.py", "test_own_data_guide.py", "test_fuzz.py", "test_wheel.py",
                  "test_dtensor.py", "test_check.py", "test_dtensor_transformer.py",

@@ -79,9 +79,9 @@ RUN_BY = {
     "tftrain quantize --model_dir=runs/resnet50 --mode=int8":
         "tests/test_imagenet_recipe.py::test_evaluate_and_quantize_as_the_header_shows",
     "tftrain check --config=imagenet_resnet50 --target=tpu --params_override=data.dir=/data/imagenet":
-        "tests/test_imagenet_recipe.py::test_check_passes_for_the_claimed_targets",
+        "tests/test_imagenet_recipe_check.py::test_check_passes_for_the_claimed_targets",
     "tftrain check --config=imagenet_resnet50 --target=gpu --params_override=data.dir=/data/imagenet":
-        "tests/test_imagenet_recipe.py::test_check_passes_for_the_claimed_targets",
+        "tests/test_imagenet_recipe_check.py::test_check_passes_for_the_claimed_targets",
     "tftrain convert --pipeline=lmdb --input=/data/faces_lmdb --output=data/faces "
     "--pipeline_options=labels=/data/faces_labels.csv,image_size=112":
         "tests/test_pipeline_lmdb.py::test_trains_on_a_converted_image_lmdb",
