@@ -48,3 +48,10 @@ def test_what_plan_steps_logs(caplog):
     caplog.clear()
     plan_steps(TrainConfig(epochs=3, validation_every_steps=4), 320, 32)
     assert messages(caplog) == ["train.validation_every_steps=4: 8 validations over 30 steps"]
+
+
+def test_a_plan_knows_the_examples_of_an_update_but_is_compared_without_them():
+    plan = plan_steps(TrainConfig(epochs=2), 100, 32)
+    assert plan.examples_per_step == 32
+    assert plan == StepPlan(3, 2, 6)  # a plan is its steps: what the run resumes with
+    assert StepPlan(3, 2, 6).examples_per_step == 0  # not known

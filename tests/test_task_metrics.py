@@ -144,6 +144,55 @@ def test_classification_evaluate():
     assert task.evaluate([[0.9], [0.2], [0.6], [0.1]], [[1], [1], [1], [0]]) == {"accuracy": 0.75}
 
 
+def _smoothed_by_hand(row, label, eps):
+    """(1 - eps) * -log p[label] + eps * mean over classes of -log p: the smoothed target's loss."""
+    nats = [-log_softmax(row, k) for k in range(len(row))]
+    return (1 - eps) * nats[label] + eps * sum(nats) / len(row)
+
+
+def test_smoothed_cross_entropy_and_top5_in_evaluate():
+    rng = np.random.default_rng(7)
+    logits = rng.normal(size=(6, 12))
+    labels = [0, 3, 11, 5, 7, 2]
+    expected = np.mean([_smoothed_by_hand(row, k, 0.1) for row, k in zip(logits, labels)])
+    assert cross_entropy(logits, labels, 0.1) == pytest.approx(expected, rel=1e-12)
+    assert cross_entropy(logits, labels, 0.1) != pytest.approx(cross_entropy(logits, labels))
+    # top-5: the label among the 5 highest scores (fewer than 5 scores above it)
+    ranks = [(row > row[k]).sum() for row, k in zip(logits, labels)]
+    in_top5 = sum(rank < 5 for rank in ranks) / 6
+    assert 0 < in_top5 < 1  # the data tells a top-5 from a top-4 or top-6 count
+    assert any(rank == 4 for rank in ranks) and any(rank == 5 for rank in ranks)
+    smoothed = ClassificationTask({}, num_classes=12, label_smoothing=0.1)
+    result = smoothed.evaluate(logits, labels)
+    assert result == {"loss": pytest.approx(expected, rel=1e-12),
+                      "accuracy": count_correct(logits, labels) / 6,
+                      "top5_accuracy": pytest.approx(in_top5)}
+    assert ClassificationTask({}, num_classes=12).evaluate(logits, labels)["loss"] == \
+        pytest.approx(cross_entropy(logits, labels), rel=1e-12)
+    # ten classes have a top-5; nine do not
+    ten = ClassificationTask({}, num_classes=10).evaluate(logits[:, :10], [0, 3, 9, 5, 7, 2])
+    assert "top5_accuracy" in ten
+    assert "top5_accuracy" not in ClassificationTask({}, num_classes=9).evaluate(
+        logits[:, :9], [0, 3, 8, 5, 7, 2])
+    # a tie with the fifth score counts for the label (as tf.math.in_top_k)
+    tied = np.array([[5.0, 4.0, 3.0, 2.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]])
+    assert ClassificationTask({}, num_classes=10).evaluate(tied, [5])["top5_accuracy"] == 1.0
+    assert ClassificationTask({}, num_classes=10).evaluate(tied, [6])["top5_accuracy"] == 0.0
+
+
+def test_smoothed_next_token_loss_by_hand():
+    logits = np.array([[[1.0, 2.0, 0.0], [0.0, 0.0, 3.0]]], np.float64)
+    labels = np.array([[1, 2]])
+    rows = logits.reshape(2, 3).tolist()
+    expected = np.mean([_smoothed_by_hand(row, k, 0.2) for row, k in zip(rows, [1, 2])])
+    plain = next_token_metrics(logits, labels)
+    got = next_token_metrics(logits, labels, label_smoothing=0.2)
+    assert got["loss"] == pytest.approx(expected, rel=1e-12)
+    assert got["perplexity"] == pytest.approx(plain["perplexity"], rel=1e-12)  # never smoothed
+    task = LanguageModelTask({}, vocab_size=3, label_smoothing=0.2)
+    assert task.evaluate(logits, labels)["loss"] == pytest.approx(expected, rel=1e-12)
+
+
 # ---- regression ---------------------------------------------------------------------------------
 
 def test_regression_metrics_against_scikit_learn():
