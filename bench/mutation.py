@@ -137,9 +137,7 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "that branch runs only when before is 0: after - 0 == after + 0",
     ("x_predicted_classes", "return outputs.reshape(len(outputs), -1).argmax(axis=+1)"):
         "the outputs were just made 2-D: axis 1 is axis -1",
-    ("xǁClassificationTaskǁevaluate", "len(outputs), -1).shape[+1] > 1 else {}"):
-        "the outputs were just made 2-D: axis 1 is axis -1",
-    ("xǁClassificationTaskǁevaluate", "len(outputs), -2).shape[-1] > 1 else {}"):
+    ("xǁClassificationTaskǁevaluate", "classes = outputs.reshape(len(outputs), -2).shape[-1]"):
         "NumPy (2.x) takes any negative size in reshape as the one to infer, as it takes -1",
     ("x_count_correct", "labels = np.asarray(labels).reshape(-1).astype(None)"):
         "class ids compare equal to the predictions as floats or as ints (a label with a "
@@ -184,6 +182,8 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         _REFUSED_BEFORE,
     ("xǁRegressionTaskǁevaluate",
      'errors = predicted - as_rows(labels, "LABELS").reshape(predicted.shape)'): _REFUSED_BEFORE,
+    ("xǁClassificationTaskǁevaluate", "classes = outputs.reshape(len(outputs), -1).shape[+1]"):
+        "the outputs were just made 2-D: axis 1 is axis -1",
     ("x_metric_classes",
      "self.token_bytes = np.asarray(token_bytes, np.float64).reshape(None)"):
         "token_bytes is the manifest's list, one number per id: 1-D already, and reshape(None) "
@@ -192,6 +192,9 @@ EQUIVALENT: dict[tuple[str, str], str] = {
         "tf.constant of a Python float is float32 already",
     ("x_metric_classes", "tf.constant(math.nan, ))"):
         "tf.constant of a Python float is float32 already",
+    ("x_next_token_metrics", "uniform += float((log_norm - shifted.mean(axis=None)).sum())"):
+        "every row has the vocabulary's length: the rows' means summed are the number of rows "
+        "times the mean of all",
     ("x_next_token_metrics", "chunk = logits[start:start + 65536].astype(None)"):
         "astype(None) is astype(float64)",
     ("x_next_token_metrics", "size = float(np.asarray(token_bytes, None)[labels].sum())"):

@@ -307,6 +307,8 @@ def test_next_token_metrics_over_many_chunks():
     got = next_token_metrics(logits, labels, [1.0, 2.0])
     assert got["loss"] == pytest.approx(cross_entropy(logits, labels), rel=1e-9)
     assert got["accuracy"] == count_correct(logits, labels) / 70_001
+    smoothed = next_token_metrics(logits, labels, label_smoothing=0.3)  # over every chunk
+    assert smoothed["loss"] == pytest.approx(cross_entropy(logits, labels, 0.3), rel=1e-9)
     bits = got["loss"] * 70_001 / LN(2) / (70_001 + labels.sum())
     assert got["bits_per_byte"] == pytest.approx(bits, rel=1e-9)
 
