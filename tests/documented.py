@@ -7,7 +7,8 @@ the docs show, and changes only what it states next to the call (where it writes
 session's data converted the default way, fewer steps; files the test generates in place of
 a user's paths; a free port; for two, another model size: pipeline stages on two workers a
 smaller one, so that the run can be compared with one device's, and digits_dtensor's doctor
-a wider one, so that its verdict is clear on a shared machine).
+a wider one, so that its verdict is clear on a shared machine; for the ImageNet recipe, whose
+generated records hold 72 small JPEGs, a batch of 8 and, but for its checks, 64x64 images).
 tests/test_docs_commands.py counts these as run, checks that each is still shown and that the
 test named here calls `args` with it; tests/test_documented_commands.py does not run them
 again.

@@ -31,6 +31,19 @@ BOUND = 240  # seconds any one run here may take before the test calls it a hang
 KILL_SEED = 20260405  # draws the step to kill at; printed and in the failure messages: replay it
 
 
+def hold_at_gate(gate: str, recorded: int, hold_at: int) -> None:
+    """In the training process: once `recorded` batches reach `hold_at`, create `<gate>.held`
+    and wait until the file `gate` exists (at most BOUND seconds), so that a test kills the
+    process at a known step however fast it runs. The process has nothing to wait on but the
+    file the test creates, so it looks for it every 10 ms."""
+    if not gate or recorded < hold_at or os.path.exists(gate):
+        return
+    open(f"{gate}.held", "w").close()
+    deadline = time.monotonic() + BOUND
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def recording_model(input_shape, num_classes, ids_dir="", dropout=0.3, hold_at=0, gate="",
                     width=16):
     """Prints the ids (feature 0) of each training batch to `ids_dir`/replica-<r>.txt, then
@@ -43,12 +56,8 @@ def recording_model(input_shape, num_classes, ids_dir="", dropout=0.3, hold_at=0
 
     def hold(ids):
         path = os.path.join(ids_dir, "replica-0.txt")
-        recorded = open(path).read().count("\n") if os.path.exists(path) else 0
-        if gate and recorded >= hold_at and not os.path.exists(gate):
-            open(f"{gate}.held", "w").close()
-            deadline = time.monotonic() + BOUND
-            while not os.path.exists(gate) and time.monotonic() < deadline:
-                time.sleep(0.01)
+        hold_at_gate(gate, open(path).read().count("\n") if os.path.exists(path) else 0,
+                     hold_at)
         return ids
 
     class RecordIds(keras.layers.Layer):
@@ -250,17 +259,13 @@ def test_sigkill_at_a_random_step_then_the_same_command(tmp_path, id_data, devic
 def gated_image_model(input_shape, num_classes, count_file="", hold_at=0, gate=""):
     """A small image classifier with dropout whose training batches each append a line to
     `count_file`; with `gate`, the batch after `hold_at` recorded ones waits (bounded) for
-    the file `gate`, after creating `<gate>.held` (see `recording_model`)."""
+    the file `gate` (`hold_at_gate`)."""
     import tensorflow as tf
     import tf_keras as keras
 
     def count(images):
-        recorded = open(count_file).read().count("\n") if os.path.exists(count_file) else 0
-        if gate and recorded >= hold_at and not os.path.exists(gate):
-            open(f"{gate}.held", "w").close()
-            deadline = time.monotonic() + BOUND
-            while not os.path.exists(gate) and time.monotonic() < deadline:
-                time.sleep(0.01)
+        hold_at_gate(gate, open(count_file).read().count("\n")
+                     if os.path.exists(count_file) else 0, hold_at)
         with open(count_file, "a") as f:
             f.write("batch\n")
         return images
